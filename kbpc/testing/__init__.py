@@ -1,0 +1,1 @@
+"""Helpers for the test suite and the kernel benchmarks (GPU harness, comparisons)."""

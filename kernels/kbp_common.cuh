@@ -1,0 +1,75 @@
+// kbp_common.cuh: device helpers shared by every kernel family header.
+// Launch contract: none (inline device functions only). Self-contained: includes what it uses.
+// Numerics: every conversion here is the one the blueprint's `explain.formats` defines:
+//   BF16  round-to-nearest-even of the FP32 value (cuda_bf16's __float2bfloat16_rn);
+//   E4M3  finite-only, saturating at +-448, round-to-nearest-even (cuda_fp8's __NV_SATFINITE);
+//   E2M1  round-to-nearest-even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at 6.
+// Kernels are built with --fmad=false so that a*b+c stays two correctly rounded operations,
+// matching the numpy reference; where a family's math asks for an FMA, it calls __fmaf_rn.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+namespace kbp {
+
+__device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ __nv_bfloat16 f32_to_bf16(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// E4M3 code (uint8) <-> float. The encoder saturates to +-448 and rounds to nearest even; NaN
+// cannot arise from finite inputs, which is all the blueprint's quantizers feed it.
+__device__ __forceinline__ uint8_t f32_to_e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float e4m3_to_f32(uint8_t code) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+// E2M1 value of a 4-bit code (bit 3 = sign, bits 2..0 = magnitude index).
+__device__ __forceinline__ float e2m1_to_f32(uint32_t code) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float m = mag[code & 7u];
+    return (code & 8u) ? -m : m;
+}
+
+// Round to nearest even onto the E2M1 grid, saturating at 6. Midpoints between grid values go to
+// the neighbour with an even mantissa bit (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4).
+__device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
+    uint32_t sign = (v < 0.0f || (v == 0.0f && signbit(v))) ? 8u : 0u;
+    float a = fabsf(v);
+    uint32_t m;
+    if (a <= 0.25f) m = 0;
+    else if (a < 0.75f) m = 1;
+    else if (a <= 1.25f) m = 2;
+    else if (a < 1.75f) m = 3;
+    else if (a <= 2.5f) m = 4;
+    else if (a < 3.5f) m = 5;
+    else if (a <= 5.0f) m = 6;
+    else m = 7;
+    return sign | m;
+}
+
+// Butterfly (xor) warp sum: offsets 16, 8, 4, 2, 1. Every lane ends with the same value.
+__device__ __forceinline__ float warp_sum_xor(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Shuffle-down warp sum: offsets 16, 8, 4, 2, 1; lane 0 holds the total.
+__device__ __forceinline__ float warp_sum_down(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max_xor(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+}  // namespace kbp
