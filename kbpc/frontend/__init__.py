@@ -1,0 +1,1 @@
+"""Front end: kbp-graph JSON -> checked, typed IR."""

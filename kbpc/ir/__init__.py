@@ -1,0 +1,1 @@
+"""Typed IR records (frozen dataclasses), the format registry, the model config and the graph."""

@@ -1,0 +1,27 @@
+"""The ops and kernel families kbpc knows. A blueprint naming anything else is refused by name."""
+from __future__ import annotations
+
+# Op names as they appear in a node's `op` field; `linear:<role>` is any named projection.
+KNOWN_OPS = frozenset({
+    "embed", "hc_expand", "hc_pre", "hc_post", "hc_contract", "rms_norm", "final_norm",
+    "layer_norm", "l2_norm", "gated_rms_norm", "act_quant", "concat", "conv1d_update",
+    "state_snapshot", "gdn_gates", "gdn_recurrence", "kv_write", "kpool_compress",
+    "index_select", "mla_attention", "router", "top_k", "expert_gate_up", "expert_down",
+    "swiglu_clamp", "silu_mul", "blend", "lm_head", "argmax",
+})
+PREFIXED_OPS = frozenset({"linear"})
+
+# The kernel families whose numerics kbpc implements (reference and GPU).
+KNOWN_FAMILIES = frozenset({
+    "argmax_host", "causal_conv1d_l2norm", "dense_bf16", "dsa_indexer", "embed_copy", "glm_mhc",
+    "glm_mla_decode", "glm_mla_latent_write", "glm_moe_combine", "glm_router_topk",
+    "glm_swiglu_clamp", "kda_gates_w8a8", "kda_o_norm", "kda_pack", "kda_recurrent",
+    "layer_norm", "rms_norm", "w4a16_gemv", "w4a4_mx", "w4a4_mx_static", "w8a8_act_quant", "wxay",
+})
+
+
+def is_known_op(op: str) -> bool:
+    base, sep, rest = op.partition(":")
+    if sep:
+        return base in PREFIXED_OPS and bool(rest)
+    return op in KNOWN_OPS

@@ -1,0 +1,1 @@
+"""Reports about blueprints and bundles (what `kbpc inspect` prints)."""

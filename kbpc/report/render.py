@@ -1,0 +1,59 @@
+"""Human-readable rendering of report dicts with rich."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1000
+    return f"{n} TB"
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
+    overview = [
+        ("schema", s["schema"]), ("blueprint", s["blueprint_id"]), ("source", s["source"]),
+        ("arm", f"{s['arm'].get('mode')} rows={s['arm'].get('rows')}"),
+        ("layers", f"{s['layers']}  (" + ", ".join(f"{k}: {v}" for k, v in s["layers_by_template"].items()) + ")"),
+        ("nodes / edges", f"{s['nodes']:,} / {s['edges']:,}"),
+        ("groups", f"{s['groups']:,} ({s['device_groups']:,} on the device)"),
+        ("kernel launches / step", f"{s['launches']:,}"),
+        ("weights", f"{human_bytes(s['weight_bytes'])} in {s['weight_tensors']:,} tensors"),
+        ("read per decode token", human_bytes(s["bytes_per_token"])),
+        ("bandwidth floor", f"{s['roofline_step_ms']:.3f} ms/token = {s['roofline_tokens_per_s']:.1f} tok/s "
+                            f"at {s['bandwidth_gbs']:,.0f} GB/s"),
+    ]
+    console.print(_kv_table("Blueprint", overview))
+    fmt = Table(title="Weight bytes by format", title_justify="left")
+    fmt.add_column("format")
+    fmt.add_column("bytes", justify="right")
+    for name, value in s["weight_bytes_by_format"].items():
+        fmt.add_row(name, human_bytes(value))
+    console.print(fmt)
+    fam = Table(title="Kernel families", title_justify="left")
+    for col in ("family", "groups", "launches", "nodes"):
+        fam.add_column(col, justify="left" if col == "family" else "right")
+    for name, row in s["families"].items():
+        fam.add_row(name, str(row["groups"]), str(row["launches"]), str(row["nodes"]))
+    console.print(fam)
+    ops = Table(title="Nodes by op", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("nodes", justify="right")
+    for name, count in s["nodes_by_op"].items():
+        ops.add_row(name, str(count))
+    console.print(ops)
+    console.print(_kv_table("Symbols", [(k, f"{v:,}") for k, v in s["symbols"].items()]))

@@ -1,0 +1,1 @@
+"""Blueprint tools that are not compilation (shrink)."""
