@@ -34,8 +34,9 @@ def read_json(path: Path) -> Any:
     except UnicodeDecodeError:
         raise BlueprintError("not UTF-8 text (is it a JSON blueprint?)", str(path)) from None
     except json.JSONDecodeError as exc:
-        truncated = exc.pos >= len(text.rstrip())
-        why = "the file ends early (truncated?)" if truncated else exc.msg
+        # A JSON object or list ends with its closing bracket; a file that doesn't was cut short.
+        truncated = not text.rstrip().endswith((b"}", b"]")) or exc.pos >= len(text.rstrip())
+        why = f"{exc.msg}; the file ends early (truncated?)" if truncated else exc.msg
         raise BlueprintError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {why}",
                              str(path)) from None
 
