@@ -1,0 +1,1 @@
+"""Building CUDA sources with nvcc."""
