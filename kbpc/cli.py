@@ -104,5 +104,64 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
                f"{len(doc['edges'])} edges, {len(doc['groups'])} groups")
 
 
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise KbpcError(f"expected comma-separated token ids, got {text!r}", "--prompt-ids") from None
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--prompt-ids", default="1", show_default=True, help="Comma-separated prompt token ids.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
+              help="synthetic:SEED (counter-based synthetic weights) or a safetensors file/folder.")
+@click.option("--backend", type=click.Choice(["auto", "reference", "cuda"]), default="auto",
+              show_default=True, help="auto: the GPU for a compiled .kbp bundle when one is present, "
+                                      "else the CPU reference backend.")
+@click.option("--context", type=click.IntRange(min=1), default=None,
+              help="Maximum context in tokens (default: prompt + new tokens).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@CONFIG_OPTION
+@reports_errors
+def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
+        context: int | None, as_json: bool, config_path: Path | None) -> None:
+    """Decode tokens greedily from MODEL (a blueprint JSON; compiled .kbp bundles come with
+    `kbpc compile`) and report the generated ids and tokens/s."""
+    from rich.progress import Progress
+
+    from kbpc.frontend.load import load_blueprint
+    from kbpc.runtime.generate import check_prompt, generate
+    from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
+
+    if model.suffix == ".kbp":
+        raise KbpcError("running a .kbp bundle needs the CUDA runner, which is not built yet; "
+                        "run the blueprint JSON with --backend reference", str(model))
+    if backend == "cuda":
+        raise KbpcError("the CUDA backend runs compiled .kbp bundles (kbpc compile), not blueprint "
+                        "JSON; use --backend reference", "--backend")
+    bp = load_blueprint(model, config_path)
+    prompt = _parse_ids(prompt_ids)
+    if "vocab" in bp.symbols:
+        check_prompt(prompt, bp.symbols["vocab"])
+    weights = load_weights(bp, weights_source)
+    ctx = context or len(prompt) + max_new_tokens
+    steps = len(prompt) + max_new_tokens - 1
+    with Progress(transient=True, disable=as_json or steps < 8) as progress:
+        task = progress.add_task("decoding (reference backend)", total=steps)
+        result = generate(ReferenceBackend(bp, weights, ctx), prompt, max_new_tokens,
+                          on_token=lambda _: progress.advance(task))
+    summary = {"backend": "reference", "model": str(model), "weights": weights_source, **result.to_json()}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"backend: reference (CPU numpy)   weights: {weights_source}")
+    click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
+    click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
+    click.echo(f"time per token: {summary['ms_per_token']:.1f} ms   decode: "
+               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {result.logits_sha256[:16]}")
+
+
 if __name__ == "__main__":
     main()

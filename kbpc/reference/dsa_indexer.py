@@ -1,0 +1,176 @@
+"""dsa_indexer: the DSA lightning indexer (key store, pool compression, scores, top pools,
+token expansion), explain.families.dsa_indexer.
+
+Sizes are arguments (`IndexerGeometry`): D_I = head_dim, H_I = heads, K_P = pool,
+topk_tokens (2048 in the seed). For a query at position tau over S cached tokens:
+
+    kbar_{p,c} = sum_s softmax_s(g_{pK+s,c} + a_{s,c}) k_{pK+s,c}
+    I_{t,p}    = sum_h w_h relu(<q_h, kbar_p> / sqrt(D_I))   if (p+1)K <= S and pK+K-1 <= tau
+               = -inf                                          otherwise
+    w_h        = H_I^{-1/2} (W_w x)_h
+    k_t        = min(floor((tau+1)/K), floor(min(S, topk_tokens)/K))
+    T_t        = tokens of the top-k_t pools  U  the n_t mod K visible tokens of the tail pool
+
+Order and rounding choices (FP32 op by op, no FMA):
+- Pool softmax, per channel c: x_s = fl(g_s + a_s), m = max_s x_s, e_s = expf(x_s - m) (the max is
+  subtracted: the same value mathematically, no overflow for large gates), den = e_0 + e_1 + ...
+  (slot order), kbar = sum_s fl(fl(e_s / den) k_s) in slot order from s = 0.
+- w_h = fl(raw_h * fl(1 / sqrtf(H_I))); the idx_w projection writes raw_h = (W_w x)_h and the
+  score stage applies H_I^{-1/2} (both sqrt and division are correctly rounded).
+- <q_h, kbar_p>: 32 lanes, lane l sums channels l, l+32, ... sequentially from its first product,
+  then the 32 lane partials go through the shuffle tree (`tree_sum`). relu(fl(dot * fl(1/sqrtf(D_I)))),
+  relu(x) = x if x > 0 else +0. Head terms fl(w_h * relu) summed in head order starting from +0.
+- Top-k: score descending, ties to the lower pool index; -0 and +0 are one value. The selected
+  pools are emitted in that rank order.
+- Selection list (the `select` edge): the blueprint's edge dim index_topk/index_kpool (512) counts
+  POOLS; the i32 list the decode reads holds token ids, K_P per pool, plus one pool-sized slot for
+  the tail: width (topk_pools + 1) * K_P (2052 in the seed; a multiple of K_P so four-token groups
+  stay aligned). Entries: rank-ordered pools' tokens p*K..p*K+K-1, then the tail tokens, then -1.
+
+State (`IndexerCache`, shared with kernels/dsa_indexer.cuh):
+- keys, gates: uint16 BF16 bits [rows, D_I]; token t lives in row t % rows, rows a multiple of K_P
+  (rows = K_P keeps only the incomplete pool: the blueprint's `tail` state; rows >= context keeps
+  every token).
+- pool_keys: float32 [pool_capacity, D_I]: kbar_p, written once when pool p completes (its last
+  token t = pK + K - 1 is stored).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kbpc.reference.f32ops import exp_f32
+from kbpc.reference.formats import bf16_bits, bf16_from_bits
+from kbpc.reference.fp32 import seq_sum, tree_sum
+
+F32 = np.float32
+WARP = 32
+
+
+@dataclass(frozen=True)
+class IndexerGeometry:
+    head_dim: int      # D_I
+    heads: int         # H_I
+    pool: int          # K_P
+    topk_tokens: int   # index_topk
+
+    @property
+    def topk_pools(self) -> int:
+        return self.topk_tokens // self.pool
+
+    @property
+    def selection_width(self) -> int:
+        """i32 entries per selection row: topk_pools pools and one tail pool, K_P tokens each."""
+        return (self.topk_pools + 1) * self.pool
+
+
+@dataclass
+class IndexerCache:
+    keys: np.ndarray        # uint16 [rows, D_I]
+    gates: np.ndarray       # uint16 [rows, D_I]
+    pool_keys: np.ndarray   # float32 [pool_capacity, D_I]
+
+    @classmethod
+    def empty(cls, geo: IndexerGeometry, rows: int, pool_capacity: int) -> "IndexerCache":
+        if rows % geo.pool:
+            raise ValueError(f"cache rows ({rows}) must be a multiple of the pool size {geo.pool}")
+        return cls(np.zeros((rows, geo.head_dim), np.uint16), np.zeros((rows, geo.head_dim), np.uint16),
+                   np.zeros((pool_capacity, geo.head_dim), F32))
+
+
+def compress_pool(keys, gates, slot_term) -> np.ndarray:
+    """kbar (..., D_I) from one pool's keys and gates (..., K_P, D_I) and a (K_P, D_I), FP32."""
+    keys, gates = np.asarray(keys, F32), np.asarray(gates, F32)
+    x = (gates + np.asarray(slot_term, F32)).astype(F32)
+    e = exp_f32((x - np.max(x, axis=-2, keepdims=True)).astype(F32))
+    den = seq_sum(e, axis=-2)
+    w = (e / np.expand_dims(den, -2)).astype(F32)
+    return seq_sum((w * keys).astype(F32), axis=-2)
+
+
+def store_token(cache: IndexerCache, geo: IndexerGeometry, t: int, key, gate, slot_term) -> None:
+    """Store token t's BF16 key and gate; when t completes pool p, persist kbar_p (in place)."""
+    rows = cache.keys.shape[0]
+    cache.keys[t % rows] = bf16_bits(key)
+    cache.gates[t % rows] = bf16_bits(gate)
+    if (t + 1) % geo.pool == 0:
+        p = t // geo.pool
+        r = [(p * geo.pool + s) % rows for s in range(geo.pool)]
+        cache.pool_keys[p] = compress_pool(bf16_from_bits(cache.keys[r]), bf16_from_bits(cache.gates[r]),
+                                           slot_term)
+
+
+def valid_pools(geo: IndexerGeometry, seq_len: int, tau: int) -> int:
+    """Pools p with (p+1)K <= S and pK + K - 1 <= tau: exactly p < this count."""
+    return min(seq_len // geo.pool, (tau + 1) // geo.pool)
+
+
+def topk_count(geo: IndexerGeometry, seq_len: int, tau: int) -> int:
+    """k_t = min(floor((tau+1)/K), floor(min(S, topk_tokens)/K))."""
+    return min((tau + 1) // geo.pool, min(seq_len, geo.topk_tokens) // geo.pool)
+
+
+def head_weights(raw, heads: int) -> np.ndarray:
+    """w_h = fl(raw_h * fl(1 / sqrt(H_I)))."""
+    inv = (F32(1) / np.sqrt(F32(heads))).astype(F32)
+    return (np.asarray(raw, F32) * inv).astype(F32)
+
+
+def lane_dot(q, k) -> np.ndarray:
+    """<q, k> over the last axis (D a multiple of 32): lane-strided sequential partials, then the
+    32-lane shuffle tree. Broadcasts over leading axes."""
+    prod = (np.asarray(q, F32) * np.asarray(k, F32)).astype(F32)
+    d = prod.shape[-1]
+    lanes = prod.reshape(prod.shape[:-1] + (d // WARP, WARP))   # [.., j, lane]: channel l + 32 j
+    return tree_sum(seq_sum(lanes, axis=-2), axis=-1)
+
+
+def index_scores(geo: IndexerGeometry, q, raw_w, pool_keys, seq_len: int, tau: int,
+                 n_out: int | None = None) -> np.ndarray:
+    """I_{t,p} for p < n_out (default: every persisted pool), -inf where invalid.
+
+    q: (H_I, D_I) FP32; raw_w: (H_I,) FP32 (W_w x, before H_I^{-1/2}); pool_keys: (P, D_I)."""
+    pool_keys = np.asarray(pool_keys, F32)
+    n_out = pool_keys.shape[0] if n_out is None else n_out
+    out = np.full(n_out, -np.inf, F32)
+    n = min(valid_pools(geo, seq_len, tau), n_out)
+    if n == 0:
+        return out
+    dots = lane_dot(np.asarray(q, F32)[None], pool_keys[:n, None, :])         # (n, H)
+    inv_d = (F32(1) / np.sqrt(F32(geo.head_dim))).astype(F32)
+    x = (dots * inv_d).astype(F32)
+    relu = np.where(x > 0, x, F32(0)).astype(F32)
+    terms = (head_weights(raw_w, geo.heads)[None, :] * relu).astype(F32)
+    out[:n] = seq_sum(terms, axis=-1, start=F32(0))
+    return out
+
+
+def top_pools(scores, k: int) -> np.ndarray:
+    """The k best pool ids in rank order: score descending, ties to the lower index.
+
+    -0 and +0 compare equal (numpy's float order); scores must be NaN-free."""
+    s = np.asarray(scores, F32)
+    order = np.lexsort((np.arange(s.size), -s.astype(np.float64)))
+    return order[:k].astype(np.int32)
+
+
+def expand_selection(geo: IndexerGeometry, pools, seq_len: int, tau: int) -> np.ndarray:
+    """Token ids (selection_width,) int32: the pools' tokens in rank order, the tail, -1 padding."""
+    out = np.full(geo.selection_width, -1, np.int32)
+    pools = np.asarray(pools, np.int64)
+    kp = geo.pool
+    toks = (pools[:, None] * kp + np.arange(kp)[None, :]).reshape(-1)
+    out[:toks.size] = toks
+    n_vis = min(seq_len, tau + 1)
+    tail = n_vis % kp
+    out[toks.size:toks.size + tail] = (n_vis // kp) * kp + np.arange(tail)
+    return out
+
+
+def select_tokens(geo: IndexerGeometry, q, raw_w, pool_keys, seq_len: int, tau: int):
+    """Scores -> top-k_t pools -> expanded token list. Returns (pools, tokens)."""
+    scores = index_scores(geo, q, raw_w, pool_keys, seq_len, tau)
+    k = topk_count(geo, seq_len, tau)
+    pools = top_pools(scores[:valid_pools(geo, seq_len, tau)], k)
+    return pools, expand_selection(geo, pools, seq_len, tau)

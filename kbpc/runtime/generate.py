@@ -1,0 +1,82 @@
+"""The generation loop shared by every backend: feed the prompt one position at a time, then pick
+greedy tokens, timing prefill and decode separately and refusing non-finite logits."""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from kbpc.errors import KbpcError
+
+
+class StepBackend(Protocol):
+    vocab: int
+
+    def step(self, token: int) -> tuple[np.ndarray, int]:
+        """Feed one token; return (logits as float32, greedy next token)."""
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    generated_ids: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    logits_sha256: str = ""
+
+    def to_json(self) -> dict:
+        decode_n = len(self.generated_ids)
+        return {
+            "prompt_ids": self.prompt_ids, "generated_ids": self.generated_ids,
+            "prefill_tokens_per_s": len(self.prompt_ids) / self.prefill_s if self.prefill_s else None,
+            "decode_tokens_per_s": decode_n / self.decode_s if self.decode_s and decode_n else None,
+            "ms_per_token": 1e3 * (self.prefill_s + self.decode_s) / max(1, len(self.prompt_ids) + decode_n - 1),
+            "logits_sha256": self.logits_sha256,
+        }
+
+
+def check_prompt(prompt: list[int], vocab: int) -> None:
+    if not prompt:
+        raise KbpcError("the prompt is empty: give at least one token id", "--prompt-ids")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise KbpcError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "--prompt-ids")
+
+
+def generate(backend: StepBackend, prompt: list[int], max_new_tokens: int,
+             on_token: Callable[[int], None] | None = None) -> Generation:
+    """Greedy decode. The logits of every step feed one running SHA-256 (a checksum of the run)."""
+    check_prompt(prompt, backend.vocab)
+    out = Generation(prompt_ids=list(prompt))
+    digest = hashlib.sha256()
+    next_token = prompt[0]
+    t0 = time.perf_counter()
+    for i, token in enumerate(prompt):
+        logits, next_token = _checked_step(backend, token, i, digest)
+        if on_token:
+            on_token(i)
+    out.prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for j in range(max_new_tokens):
+        out.generated_ids.append(next_token)
+        if j == max_new_tokens - 1:
+            break
+        logits, next_token = _checked_step(backend, next_token, len(prompt) + j, digest)
+        if on_token:
+            on_token(len(prompt) + j)
+    out.decode_s = time.perf_counter() - t0
+    out.logits_sha256 = digest.hexdigest()
+    return out
+
+
+def _checked_step(backend: StepBackend, token: int, position: int, digest) -> tuple[np.ndarray, int]:
+    logits, nxt = backend.step(token)
+    logits = np.asarray(logits, np.float32)
+    if not np.isfinite(logits).all():
+        bad = int((~np.isfinite(logits)).sum())
+        raise KbpcError(f"{bad} non-finite logits at position {position}; stopping the run")
+    digest.update(logits.tobytes())
+    return logits, nxt
