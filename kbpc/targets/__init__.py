@@ -36,6 +36,21 @@ TARGETS: dict[str, Target] = {
 
 DEFAULT_TARGET = "sm_90"
 
+# Families whose planned kernels use an instruction some targets lack, and the variant kbpc runs
+# there instead (same group boundary, same quantization semantics; only the product differs).
+FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static"})
+
+
+def variant_for(target: Target, family: str) -> str:
+    """kbpc's implementation of a family on a target."""
+    if family in FP4_MMA_FAMILIES:
+        # sm_90 has no FP4 MMA: E2M1 x E4M3-scale values are exact in FP32, so the product runs on
+        # CUDA cores from the same NVFP4 bytes (the activation quantization is unchanged).
+        return "fp4_block_mma" if target.fp4_block_mma else "fp4_dequant_fma"
+    if family in ("wxay", "kda_gates_w8a8"):
+        return "fp8_mma" if target.fp8_mma else "fp8_dequant_fma"
+    return "cuda_core"
+
 
 def get_target(name: str) -> Target:
     try:

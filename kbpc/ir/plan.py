@@ -1,0 +1,104 @@
+"""The Plan: what the passes produce from a Blueprint and what code generation consumes.
+
+Every pass is a pure function Plan -> Plan (`dataclasses.replace`); fields a pass has not filled
+yet are empty tuples / None. The plan digest covers everything that changes generated code."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from kbpc.errors import KbpcError
+from kbpc.ir.graph import Blueprint
+from kbpc.ir.weights import WeightSpec
+from kbpc.targets import get_target
+
+
+@dataclass(frozen=True)
+class Options:
+    """Compile options; frozen and hashable (part of the build-cache key)."""
+    target: str = "sm_90"
+    tp: int = 1
+    max_context: int = 4096
+    max_streams: int = 4
+
+    def __post_init__(self):
+        get_target(self.target)
+        if self.tp < 1:
+            raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
+        if self.max_context < 1:
+            raise KbpcError("max context must be positive", "--max-context")
+
+
+@dataclass(frozen=True)
+class LoweredGroup:
+    """One kernel group of the blueprint after precision lowering: the kernels that run it here."""
+    id: int
+    rule: str
+    family: str                       # the group's main family (its kernels' family)
+    nodes: tuple[str, ...]            # node ids
+    kernels: tuple[str, ...]          # the blueprint's kernel names (planned target)
+    variant: str                      # kbpc's implementation on this target
+    where: str                        # device | host
+    requants: tuple[str, ...] = ()    # explicit requantizations this group performs ("a->b@edge")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A materialized tensor: one producer output, read by later groups."""
+    name: str                         # producer node id + "." + output name
+    format: str
+    elements: int                     # per token (dim_value x rows multiplier)
+    nbytes: int
+    producer_group: int
+    last_use: int                     # schedule position of the last reader (inclusive)
+    first_use: int                    # schedule position of the producer
+    offset: int = -1                  # arena offset (memory planning)
+
+
+@dataclass(frozen=True)
+class StateBuffer:
+    name: str                         # owner node id + "." + what
+    nbytes: int
+    shape: tuple[int, ...]
+    storage: str
+
+
+@dataclass(frozen=True)
+class ScheduledGroup:
+    group: int
+    position: int                     # launch order
+    stream: int
+    waits: tuple[int, ...]            # event ids this group waits for before launching
+    record: int | None                # event id recorded after it, if another stream needs it
+    cost_us: float                    # model: bytes / bandwidth + launch latency
+
+
+@dataclass(frozen=True)
+class Plan:
+    blueprint: Blueprint = field(repr=False, compare=False, hash=False)
+    options: Options
+    groups: tuple[LoweredGroup, ...] = ()
+    weights: tuple[WeightSpec, ...] = ()
+    schedule: tuple[ScheduledGroup, ...] = ()
+    streams: int = 1
+    critical_path_us: float = 0.0
+    serial_us: float = 0.0
+    buffers: tuple[Buffer, ...] = ()
+    arena_bytes: int = 0
+    state: tuple[StateBuffer, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.pop("blueprint")
+        data["blueprint_id"] = self.blueprint.meta.blueprint_id
+        data["symbols"] = self.blueprint.symbols
+        data["config"] = self.blueprint.config.to_json()
+        return data
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the canonical plan JSON: stable across runs and machines."""
+        body = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(body).hexdigest()

@@ -1,0 +1,44 @@
+"""lower_precision: explicit requantizations, each group's kernel variant for the target, and the
+weight specs that become the bundle's weight manifest.
+
+Needs: groups (validate). Guarantees: every edge that changes format has a quantizing producer
+(an `act_quant` node, at=producer) or is converted by its reader (at=reader) and is recorded on
+the group that does it; every group has a variant the target implements; `plan.weights` lists
+every checkpoint tensor."""
+from __future__ import annotations
+
+import dataclasses
+
+from kbpc.errors import KbpcError
+from kbpc.ir.plan import Plan
+from kbpc.ir.weights import weight_specs
+from kbpc.targets import get_target, variant_for
+
+
+def lower_precision(plan: Plan) -> Plan:
+    bp = plan.blueprint
+    target = get_target(plan.options.target)
+    requants: dict[int, list[str]] = {g.id: [] for g in plan.groups}
+    for t in bp.tensors():
+        if t.requant is None:
+            continue
+        src, dst = bp.node(t.src), bp.node(t.dst)
+        if t.requant.at == "producer":
+            if src.op != "act_quant":
+                raise KbpcError(f"requantization at the producer, but {src.id} is a {src.op}, not an "
+                                "act_quant", f"edge {t.id} (edges[{t.index}])")
+            owner = src.group
+        elif t.requant.at == "reader":
+            owner = dst.group
+        else:
+            raise KbpcError(f"requant 'at' must be producer or reader, got {t.requant.at!r}",
+                            f"edge {t.id} (edges[{t.index}])")
+        requants[owner].append(f"{t.requant.src}->{t.requant.dst}@{t.id}")
+    groups = tuple(dataclasses.replace(g, variant=variant_for(target, g.family) if g.where == "device"
+                                       else "host", requants=tuple(requants[g.id]))
+                   for g in plan.groups)
+    notes = plan.notes
+    if any(g.variant == "fp4_dequant_fma" for g in groups):
+        notes += (f"{target.name} has no FP4 block-scaled MMA: W4A4 groups run the "
+                  "fp4_dequant_fma variant (same NVFP4 bytes and activation quantization)",)
+    return dataclasses.replace(plan, groups=groups, weights=tuple(weight_specs(bp)), notes=notes)
