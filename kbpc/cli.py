@@ -2,34 +2,16 @@
 print; errors of the project's own type become one line on stderr and exit code 2."""
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from kbpc import __version__
+from kbpc.bundle.commands import keygen, sign, verify
+from kbpc.cli_options import CONFIG_OPTION, TRUST_OPTION, reports_errors
 from kbpc.errors import KbpcError
-
-CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Model config JSON overriding symbols and constants the blueprint does not carry "
-         '(e.g. {"symbols": {"q_heads": 32}, "constants": {"swiglu_limit": 7.0}}).')
-
-
-def reports_errors(fn):
-    """Turn KbpcError into a one-line message and exit code 2 (no traceback)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except KbpcError as exc:
-            click.echo(f"kbpc: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-    return wrapper
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kbpc")
@@ -51,11 +33,28 @@ def main() -> None:
               show_default=True, help="Memory bandwidth in GB/s for the bandwidth-floor estimate "
                                       "(4300 = measured H200 copy bandwidth).")
 @CONFIG_OPTION
+@TRUST_OPTION
 @reports_errors
-def inspect(blueprint: Path, as_json: bool, bandwidth: float, config_path: Path | None) -> None:
-    """Show what a blueprint holds: layers, ops, kernel families and launches, solved symbols,
-    weight bytes by format, bytes read per decode token and the bandwidth-floor tokens/s."""
+def inspect(blueprint: Path, as_json: bool, bandwidth: float, config_path: Path | None,
+            trust_path: Path | None) -> None:
+    """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
+    weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
+    verified .kbp bundle holds (manifest, signer, target, plan digest, member sizes)."""
     from kbpc.frontend.load import load_blueprint
+    from kbpc.runtime.select import is_bundle
+
+    if is_bundle(blueprint):
+        from kbpc.bundle.container import open_bundle
+        from kbpc.bundle.keys import trusted_keyring
+        from kbpc.report.inspect_bundle import render_bundle_summary, summarize_bundle
+
+        with open_bundle(blueprint, trusted_keyring([trust_path] if trust_path else [])) as bundle:
+            summary = summarize_bundle(bundle)
+        if as_json:
+            click.echo(json.dumps(summary, indent=2))
+        else:
+            render_bundle_summary(summary, Console())
+        return
     from kbpc.report.inspect_blueprint import summarize
     from kbpc.report.render import render_blueprint_summary
 
@@ -104,6 +103,72 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
                f"{len(doc['edges'])} edges, {len(doc['groups'])} groups")
 
 
+@main.command("compile")
+@click.argument("blueprint", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The .kbp bundle to write (atomically: a failed compile leaves nothing).")
+@click.option("--target", default="sm_90", show_default=True,
+              type=click.Choice(["sm_90", "sm_100", "sm_120", "sm_121"]), help="GPU target.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel size (recorded; only 1 is implemented).")
+@click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Longest sequence the state and caches are sized for.")
+@click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Private key file to sign with (default: the local default key, created on first use).")
+@click.option("--weights", "weights_path", type=click.Path(path_type=Path), default=None,
+              help="A safetensors checkpoint: its hashes are recorded (lite bundle), or with "
+                   "--embed-weights it is stored in the bundle (full bundle).")
+@click.option("--embed-weights", is_flag=True, help="Store the --weights checkpoint in the bundle.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Object cache (default: the user cache dir); unchanged kernels are never rebuilt.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel nvcc jobs (default: CPUs).")
+@click.option("--verify", is_flag=True, help="Check the IR invariants after every pass.")
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write every pass's plan and the generated sources here.")
+@CONFIG_OPTION
+@reports_errors
+def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, key_path: Path | None,
+            weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
+            verify: bool, dump_dir: Path | None, config_path: Path | None) -> None:
+    """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign)."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from kbpc.bundle.keys import Signer, ensure_default_key
+    from kbpc.compiler import CompileRequest, compile_bundle
+    from kbpc.ir.plan import Options
+
+    if embed_weights and weights_path is None:
+        raise KbpcError("--embed-weights needs --weights CHECKPOINT", "--embed-weights")
+    err = Console(stderr=True)
+    if key_path is None:
+        key_path, created = ensure_default_key()
+        if created:
+            err.print(f"created a signing key: {key_path} (public keyring beside it)")
+    request = CompileRequest(blueprint=blueprint, output=output,
+                             options=Options(target=target, tp=tp, max_context=max_context),
+                             signer=Signer.load(key_path), config=config_path, cache_dir=cache_dir,
+                             jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
+                             dump_dir=dump_dir)
+    t0 = time.perf_counter()
+    with Progress(console=err, transient=True) as progress:
+        stage = progress.add_task("front end", total=None)
+        objects = progress.add_task("nvcc", total=None, visible=False)
+
+        def on_object(name: str, cached: bool) -> None:
+            progress.update(objects, visible=True, advance=1, description=f"nvcc {name.rsplit('/', 1)[-1][:48]}")
+
+        result = compile_bundle(request, on_stage=lambda s: progress.update(stage, description=s),
+                                on_object=on_object)
+    m = result.manifest
+    click.echo(f"wrote {output}: {m['kind']} bundle, target {m['target']}, plan {m['plan_digest'][:12]}, "
+               f"{m['step']['launches']} launches, {m['step']['kernel_instances']} kernel instances "
+               f"({result.build.compiled} compiled, {result.build.cached} cached) in "
+               f"{time.perf_counter() - t0:.1f} s")
+
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
@@ -118,50 +183,83 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
               help="synthetic:SEED (counter-based synthetic weights) or a safetensors file/folder.")
 @click.option("--backend", type=click.Choice(["auto", "reference", "cuda"]), default="auto",
-              show_default=True, help="auto: the GPU for a compiled .kbp bundle when one is present, "
-                                      "else the CPU reference backend.")
+              show_default=True, help="auto: the GPU for a .kbp bundle when a GPU is present, else the "
+                                      "CPU reference backend (which also runs blueprint JSON).")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Maximum context in tokens (default: prompt + new tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@TRUST_OPTION
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
-        context: int | None, as_json: bool, config_path: Path | None) -> None:
-    """Decode tokens greedily from MODEL (a blueprint JSON; compiled .kbp bundles come with
-    `kbpc compile`) and report the generated ids and tokens/s."""
+        context: int | None, as_json: bool, trust_path: Path | None, config_path: Path | None) -> None:
+    """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
+    or a blueprint JSON for the reference backend) and report the ids and tokens/s."""
     from rich.progress import Progress
 
-    from kbpc.frontend.load import load_blueprint
     from kbpc.runtime.generate import check_prompt, generate
-    from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
+    from kbpc.runtime.select import open_backend
 
-    if model.suffix == ".kbp":
-        raise KbpcError("running a .kbp bundle needs the CUDA runner, which is not built yet; "
-                        "run the blueprint JSON with --backend reference", str(model))
-    if backend == "cuda":
-        raise KbpcError("the CUDA backend runs compiled .kbp bundles (kbpc compile), not blueprint "
-                        "JSON; use --backend reference", "--backend")
-    bp = load_blueprint(model, config_path)
     prompt = _parse_ids(prompt_ids)
-    if "vocab" in bp.symbols:
-        check_prompt(prompt, bp.symbols["vocab"])
-    weights = load_weights(bp, weights_source)
     ctx = context or len(prompt) + max_new_tokens
+    chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path)
+    check_prompt(prompt, vocab)
     steps = len(prompt) + max_new_tokens - 1
     with Progress(transient=True, disable=as_json or steps < 8) as progress:
-        task = progress.add_task("decoding (reference backend)", total=steps)
-        result = generate(ReferenceBackend(bp, weights, ctx), prompt, max_new_tokens,
-                          on_token=lambda _: progress.advance(task))
-    summary = {"backend": "reference", "model": str(model), "weights": weights_source, **result.to_json()}
+        task = progress.add_task(f"decoding ({chosen} backend)", total=steps)
+        result = generate(step_backend, prompt, max_new_tokens, on_token=lambda _: progress.advance(task))
+    summary = {"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"backend: reference (CPU numpy)   weights: {weights_source}")
+    click.echo(f"backend: {chosen}   weights: {weights_source}")
     click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
     click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
-    click.echo(f"time per token: {summary['ms_per_token']:.1f} ms   decode: "
+    click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
                f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {result.logits_sha256[:16]}")
 
+
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--context", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Sequence position to measure at.")
+@click.option("--runs", type=click.IntRange(min=3), default=30, show_default=True)
+@click.option("--weights", "weights_source", default="synthetic:0", show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the results as JSON (e.g. bench/results/<name>.json).")
+@TRUST_OPTION
+@reports_errors
+def bench(bundle: Path, context: int, runs: int, weights_source: str, json_path: Path | None,
+          trust_path: Path | None) -> None:
+    """Measure a bundle on the GPU: tokens/s at batch 1 and time per kernel family against the
+    bandwidth floor (bytes read / 4.3 TB/s)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from kbpc.bundle.keys import Keyring
+    from kbpc.runtime.bench import run_bench
+    from kbpc.runtime.bundle_model import load_bundle_model
+    from kbpc.util.atomic import write_text_atomic
+
+    model = load_bundle_model(bundle, Keyring.load(trust_path) if trust_path else None)
+    r = run_bench(model, context, runs, weights=weights_source)
+    if json_path:
+        write_text_atomic(json_path, json.dumps(r, indent=1) + "\n")
+    click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}) at "
+               f"context {r['context']}; floor {r['floor_ms']:.3f} ms ({r['bytes_per_token'] / 1e9:.2f} GB/token "
+               f"at 4.3 TB/s) = {100 * r['roofline_fraction']:.1f}% of roofline; {r['launches_per_step']} launches")
+    table = Table(title=f"profiled step (serialized): {r['profiled_step_ms']:.3f} ms")
+    for col in ("family", "groups", "us", "floor us", "% of floor"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    for name, f in r["families"].items():
+        frac = f"{100 * f['fraction']:.1f}" if f["fraction"] else "-"
+        table.add_row(name, str(f["groups"]), f"{f['us']:.1f}", f"{f['floor_us']:.1f}", frac)
+    Console().print(table)
+
+
+main.add_command(keygen)
+main.add_command(sign)
+main.add_command(verify)
 
 if __name__ == "__main__":
     main()

@@ -9,21 +9,12 @@ import networkx as nx
 from kbpc.errors import KbpcError
 from kbpc.ir.formats import is_known
 from kbpc.ir.plan import Plan
+from kbpc.passes.ordering import HappensBefore, group_dependencies
+from kbpc.passes.plan_memory import buffer_users, ordered
 
 
 class InvariantError(KbpcError):
     """A pass broke an IR invariant (a compiler bug, not bad input)."""
-
-
-def group_dependencies(plan: Plan) -> dict[int, set[int]]:
-    """group id -> ids of the groups whose outputs it reads."""
-    bp = plan.blueprint
-    deps: dict[int, set[int]] = {g.id: set() for g in bp.groups}
-    for t in bp.tensors():
-        a, b = bp.node(t.src).group, bp.node(t.dst).group
-        if a != b:
-            deps[b].add(a)
-    return deps
 
 
 def check_invariants(plan: Plan, after: str) -> None:
@@ -51,47 +42,30 @@ def check_invariants(plan: Plan, after: str) -> None:
 
 
 def _check_schedule(plan: Plan, where: str) -> None:
-    """Every dependency is ordered before its reader: by stream order on one stream, through an
-    event across streams. Vector clocks: clock[g][s] = the latest position on stream s known
-    finished when g starts (its stream predecessor's clock, merged with the clocks of the events it
-    waits for)."""
-    pos = {s.group: s for s in plan.schedule}
-    recorded = {s.record: s for s in plan.schedule if s.record is not None}
-    clock: dict[int, dict[int, int]] = {}
-    last_on: dict[int, int] = {}
-    for s in sorted(plan.schedule, key=lambda x: x.position):
-        known: dict[int, int] = {}
-        sources = [pos_group for pos_group in (last_on.get(s.stream),) if pos_group is not None]
-        for e in s.waits:
-            if e not in recorded:
-                raise InvariantError(f"group {s.group} waits for event {e}, which nothing records", where)
-            if recorded[e].position >= s.position:
-                raise InvariantError(f"group {s.group} waits for event {e} recorded later", where)
-            sources.append(recorded[e].group)
-        for g in sources:
-            for stream, p in clock[g].items():
-                known[stream] = max(known.get(stream, -1), p)
-        clock[s.group] = {**known, s.stream: s.position}
-        last_on[s.stream] = s.group
-        for stream, p in known.items():
-            clock[s.group][stream] = max(clock[s.group].get(stream, -1), p)
+    """Every dependency (data or shared state) is ordered before its reader: by stream order on
+    one stream, through an event across streams."""
+    hb = HappensBefore(plan.schedule)
+    if hb.missing_events:
+        g, e = hb.missing_events[0]
+        raise InvariantError(f"group {g} waits for event {e}, which no earlier group records", where)
     for gid, deps in group_dependencies(plan).items():
-        if gid not in pos:
+        if gid not in hb.pos:
             continue   # host groups (argmax) run in the runner after the step
-        me = pos[gid]
         for d in deps:
-            if d not in pos:
+            if d not in hb.pos:
                 raise InvariantError(f"device group {gid} reads host group {d}", where)
-            dep = pos[d]
-            if dep.position >= me.position:
+            if hb.pos[d].position >= hb.pos[gid].position:
                 raise InvariantError(f"group {gid} is launched before group {d} it reads", where)
-            before = clock[gid] if dep.stream != me.stream else {me.stream: me.position - 1}
-            if before.get(dep.stream, -1) < dep.position:
-                raise InvariantError(f"group {gid} (stream {me.stream}) reads group {d} "
-                                     f"(stream {dep.stream}) with no event between them", where)
+            if not hb.before(d, gid):
+                raise InvariantError(f"group {gid} (stream {hb.pos[gid].stream}) reads group {d} "
+                                     f"(stream {hb.pos[d].stream}) with no event between them", where)
 
 
 def _check_arena(plan: Plan, where: str) -> None:
+    """Buffers sharing arena bytes must be ordered: every use of one happens before the other's
+    producer starts (stream order or events), not merely earlier in launch order."""
+    hb = HappensBefore(plan.schedule)
+    users = buffer_users(plan)
     placed = sorted(plan.buffers, key=lambda b: b.offset)
     for i, a in enumerate(placed):
         if a.offset < 0 or a.offset + a.nbytes > plan.arena_bytes:
@@ -99,5 +73,5 @@ def _check_arena(plan: Plan, where: str) -> None:
         for b in placed[i + 1:]:
             if b.offset >= a.offset + a.nbytes:
                 break
-            if not (a.last_use < b.first_use or b.last_use < a.first_use):
+            if not (ordered(hb, users[a.name], b.producer_group) or ordered(hb, users[b.name], a.producer_group)):
                 raise InvariantError(f"buffers {a.name} and {b.name} overlap while both are live", where)

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from kbpc.ir.formats import FORMATS
 from kbpc.ir.plan import Plan, ScheduledGroup
-from kbpc.passes.invariants import group_dependencies
+from kbpc.passes.ordering import group_dependencies
 
 BANDWIDTH_BYTES_PER_US = 4.3e6   # 4.3 TB/s, measured H200 copy bandwidth (DESIGN.md)
 LAUNCH_US = 0.76                 # per kernel node in a replayed CUDA graph (DESIGN.md)

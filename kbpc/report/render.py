@@ -15,7 +15,7 @@ def human_bytes(n: float) -> str:
     return f"{n} TB"
 
 
-def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -37,7 +37,7 @@ def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
         ("bandwidth floor", f"{s['roofline_step_ms']:.3f} ms/token = {s['roofline_tokens_per_s']:.1f} tok/s "
                             f"at {s['bandwidth_gbs']:,.0f} GB/s"),
     ]
-    console.print(_kv_table("Blueprint", overview))
+    console.print(kv_table("Blueprint", overview))
     fmt = Table(title="Weight bytes by format", title_justify="left")
     fmt.add_column("format")
     fmt.add_column("bytes", justify="right")
@@ -56,4 +56,4 @@ def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
     for name, count in s["nodes_by_op"].items():
         ops.add_row(name, str(count))
     console.print(ops)
-    console.print(_kv_table("Symbols", [(k, f"{v:,}") for k, v in s["symbols"].items()]))
+    console.print(kv_table("Symbols", [(k, f"{v:,}") for k, v in s["symbols"].items()]))

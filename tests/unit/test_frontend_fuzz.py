@@ -25,9 +25,9 @@ def mutations(draw):
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["set", "delete", "drop_item", "dup_item", "top"]))
         section = draw(st.sampled_from(SECTIONS))
-        items = doc[section]
-        if not items:
-            continue
+        items = doc.get(section)
+        if not isinstance(items, list) or not items:
+            continue   # an earlier mutation replaced or emptied this section
         i = draw(st.integers(0, len(items) - 1))
         if kind == "drop_item":
             items.pop(i)

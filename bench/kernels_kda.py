@@ -1,0 +1,126 @@
+"""Benchmark cases for the KDA kernels and the norms at the seed's shapes (see bench/kernels.py).
+
+A KDA layer's decode work here is pack + conv + gates + recurrence + o_norm; the recurrent state
+(64 x 128 x 128 x 4 B, read and written) dominates its bytes. Budget: <= 5 us for the layer.
+
+    python3 bench/kernels.py --only kda
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+
+from kernels import Case, rotations  # noqa: E402
+
+H, DK, W = 64, 128, 4          # KDA heads, head width, conv width (the seed)
+N = H * DK                     # 8192
+C = 3 * N                      # packed q|k|v channels
+KR = 128                       # gate rank
+
+
+def _sources():
+    import test_gpu_kda as kda  # noqa: PLC0415  (the tests' wrappers are the benchmarked entries)
+    import test_gpu_norms as norms  # noqa: PLC0415
+    return kda, norms
+
+
+def _rand(shape, dtype):
+    rng = np.random.default_rng(0)
+    if dtype == np.uint16:  # BF16 bits of N(0, 1) values
+        from kbpc.reference.formats import bf16_bits  # noqa: PLC0415
+        return bf16_bits(rng.standard_normal(shape).astype(np.float32))
+    if dtype == np.uint8:   # E4M3 codes, never the NaN codes 0x7F / 0xFF
+        return (rng.integers(0, 0x7E, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
+    return (rng.standard_normal(shape) * 0.1).astype(dtype)
+
+
+def _case(name, shape, nbytes, source_fn, entry, arrays, args_fn, block, grid):
+    """arrays: {key: (shape, dtype, rotate)}; args_fn(bufs) -> kernel arguments for one set."""
+    def setup():
+        from kbpc.testing.gpu import load_module, to_gpu  # noqa: PLC0415
+        fn = load_module(source_fn(), "bench_kda").get_function(entry)
+        sets = rotations(nbytes)
+        fixed = {k: to_gpu(_rand(s, d)) for k, (s, d, rot) in arrays.items() if not rot}
+        rot = [{k: to_gpu(_rand(s, d)) for k, (s, d, r) in arrays.items() if r} for _ in range(sets)]
+        argsets = [args_fn({**fixed, **r}) for r in rot]
+
+        def launch(i):
+            fn(*argsets[i % sets], block=block, grid=grid)
+        return launch
+    return Case(name=name, shape=shape, bytes_moved=nbytes, setup=setup)
+
+
+def _p(buf, off=0):
+    return np.uintp(int(buf.gpudata) + off * buf.dtype.itemsize)
+
+
+I32, I64, F = np.int32, np.int64, np.float32
+BF, FP = np.uint16, np.float32
+
+
+def _cases():
+    kda, norms = _sources()
+    out = [
+        _case("kda_pack::kda_pack_qkv_bf16", f"3x{N} -> {C} bf16", 4 * C, lambda: kda.pack_source(N, N, N),
+              "kda_pack", {"q": ((N,), BF, 1), "k": ((N,), BF, 1), "v": ((N,), BF, 1), "o": ((C,), BF, 1)},
+              lambda b: (b["q"], b["k"], b["v"], I32(N), I32(N), I32(N), b["o"], I32(C)),
+              (256, 1, 1), (-(-C // 8 // 256), 1)),
+        _case("causal_conv1d_l2norm::update_l2norm", f"{C} ch, w{W}, bf16 out", C * (2 + 32 + 2 * W + 2 + 2),
+              lambda: kda.conv_source(C, 2 * N, DK, W, 256, "bf16"), "conv_bf16",
+              {"x": ((C,), BF, 1), "win": ((C, W), FP, 1), "taps": ((C, W), BF, 0), "bias": ((C,), BF, 0),
+               "y": ((C,), BF, 1)},
+              lambda b: (b["x"], I32(C), b["win"], I64(C * W), b["taps"], b["bias"], F(1e-6), b["y"], I32(C)),
+              (256, 1, 1), (C // 256, 1)),
+        _case("kda_gates_w8a8::k128_rows m=1", f"2x{N}x{KR} e4m3",
+              2 * N * KR + 2 * N * 4 + 2 * KR * 2 + H * 6 + N * 4 + N * 6 + H * 4,
+              lambda: kda.gates_source(N, KR, DK, 4), "kda_gates",
+              {"xf": ((KR,), BF, 1), "xg": ((KR,), BF, 1), "wf": ((N, KR), np.uint8, 1),
+               "swf": ((N,), FP, 1), "wg": ((N, KR), np.uint8, 1), "swg": ((N,), FP, 1),
+               "a": ((H,), FP, 0), "dt": ((N,), FP, 0), "b": ((H,), BF, 1), "decay": ((N,), FP, 1),
+               "og": ((N,), BF, 1), "beta": ((H,), FP, 1)},
+              lambda b: (b["xf"], b["xg"], I32(KR), I32(1), b["wf"], b["swf"], b["wg"], b["swg"], b["a"],
+                         b["dt"], F(-5.0), b["b"], I32(H), b["decay"], I32(N), b["og"], I32(N), b["beta"],
+                         I32(H), np.uintp(0), I32(N)),
+              (128, 1, 1), (2 * kda.gates_blocks(N, 4), 1)),
+    ]
+    for cols in (32, 64, 128):
+        out.append(_case(f"kda_recurrent::seq_reg cols={cols}", f"{H}x{DK}x{DK} f32 state",
+                         2 * H * DK * DK * 4 + C * 2 + N * 4 + H * 4 + N * 4,
+                         lambda cols=cols: kda.recurrent_source(H, H, DK, DK, cols, 1), "kda_rec",
+                         {"qkv": ((C,), BF, 1), "g": ((N,), FP, 1), "beta": ((H,), FP, 1),
+                          "state": ((H, DK, DK), FP, 1), "out": ((N,), FP, 1)},
+                         lambda b: (_p(b["qkv"]), _p(b["qkv"], N), _p(b["qkv"], 2 * N), I32(C), b["g"], I32(N),
+                                    b["beta"], I32(H), F(DK ** -0.5), b["state"], I64(H * DK * DK),
+                                    np.uintp(0), b["out"], I32(N)),
+                         (cols, 1, 1), (H, DK // cols, 1)))
+    out.append(_case("kda_o_norm::gated_bf16", f"{H}x{DK}", N * 4 + N * 2 + DK * 2 + N * 2,
+                     lambda: kda.onorm_source(H, DK), "kda_onorm",
+                     {"o": ((N,), FP, 1), "z": ((N,), BF, 1), "w": ((DK,), BF, 0), "y": ((N,), BF, 1)},
+                     lambda b: (b["o"], I32(N), b["z"], I32(N), b["w"], I32(0), F(1e-6), b["y"], I32(N)),
+                     (DK, 1, 1), (H, 1)))
+    for d, one_plus in ((4096, True), (1536, False)):
+        t = norms.ref_rms.block_threads(d)
+        out.append(_case(f"rms_norm::{'rms_norm' if one_plus else 'vanilla'}", f"1x{d} bf16", 3 * d * 2,
+                         lambda d=d, one_plus=one_plus: norms.rms_source(d, one_plus, "norm"), "rms",
+                         {"x": ((d,), BF, 1), "w": ((d,), BF, 0), "y": ((d,), BF, 1)},
+                         lambda b, d=d: (b["x"], I64(d), I64(d), np.uintp(0), I64(d), np.uintp(0), I64(d),
+                                         b["w"], F(1e-6), b["y"], I64(d), I64(d)),
+                         (t, 1, 1), (1, 1)))
+    out.append(_case("layer_norm::layer_norm_bf16", "1x128 bf16 in place", 4 * 128 * 2,
+                     lambda: norms.ln_source(128), "ln",
+                     {"x": ((128,), BF, 1), "w": ((128,), BF, 0), "b": ((128,), BF, 0)},
+                     lambda b: (b["x"], I64(128), b["w"], b["b"], F(1e-6), b["x"], I64(128)),
+                     (128, 1, 1), (1, 1)))
+    return out
+
+
+CASES = _cases()
+
+if __name__ == "__main__":
+    from kernels import main  # noqa: PLC0415
+    sys.exit(main(["--only", "kda"] + sys.argv[1:]))

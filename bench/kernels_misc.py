@@ -1,0 +1,235 @@
+"""Benchmark cases of the hyper-connection, MoE glue and embedding kernels (glm_mhc,
+glm_router_topk, glm_swiglu_clamp, glm_moe_combine, embed_copy) at the seed's shapes: 4 streams x
+4096, mix rows 24, 288 experts top 8, moe_inter 2048, one token. See bench/kernels.py.
+
+The hyper-connection boundary (post-mix of one site + pre-mix and RMSNorm of the next) has a
+budget of 4 us; it is timed both as the two kernels back to back and as the fused kernel."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import Case, rotations
+
+N, D, EXPERTS, TOPK, INTER = 4, 4096, 288, 8, 2048
+ROWS = (2 + N) * N
+PRE_THREADS = 288
+POST_THREADS, POST_VEC = 32, 4
+
+_PRE_TAIL = ("const __nv_bfloat16* phi, const float* alpha, const float* beta, const __nv_bfloat16* gamma, "
+             "float eps_n, float eps_hc, float eps, int iters, float* mix, unsigned int* counters, "
+             "__nv_bfloat16* collapsed, __nv_bfloat16* normed, float* post, float* comb")
+_PRE_FIELDS = "phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb"
+
+SOURCE = f"""
+#include "glm_mhc.cuh"
+#include "glm_router_topk.cuh"
+#include "glm_swiglu_clamp.cuh"
+#include "glm_moe_combine.cuh"
+#include "embed_copy.cuh"
+using namespace kbp;
+using namespace kbp::mhc;
+extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_pre(const float* x, {_PRE_TAIL}) {{
+  const PreParams<{N}, 1> p{{x, {{{{nullptr}}}}, nullptr, nullptr, nullptr, {_PRE_FIELDS}}};
+  hc_pre_norm_body<{N}, {D}, false, 1>(p); }}
+extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_post_pre(const float* x, const __nv_bfloat16* u,
+    const float* post_in, const float* comb_in, float* x_out, {_PRE_TAIL}) {{
+  const PreParams<{N}, 1> p{{x, {{{{u}}}}, post_in, comb_in, x_out, {_PRE_FIELDS}}};
+  hc_pre_norm_body<{N}, {D}, true, 1>(p); }}
+extern "C" __global__ void b_post(const float* x, const __nv_bfloat16* u, const float* post, const float* comb,
+    float* y) {{ hc_post_body<{N}, {D}, 1, {POST_VEC}>(x, RankParts<1>{{{{u}}}}, post, comb, y); }}
+extern "C" __global__ void __launch_bounds__(32) b_gates(const float* mix, const float* alpha, const float* beta,
+    float eps_hc, int iters, float* post, float* comb) {{ hc_gates_body<{N}>(mix, alpha, beta, eps_hc, iters, post, comb); }}
+extern "C" __global__ void b_expand(const __nv_bfloat16* h, float* x) {{ hc_expand_body<{N}, {D}, 4>(h, x); }}
+extern "C" __global__ void b_head(const float* x, __nv_bfloat16* y) {{ hc_head_body<{N}, {D}, 4>(x, y); }}
+extern "C" __global__ void __launch_bounds__(router_threads({EXPERTS})) b_router(const float* z, const float* b,
+    float s, float* w, int* ids) {{ router_topk_body<{EXPERTS}, {TOPK}>(z, b, s, w, ids); }}
+extern "C" __global__ void b_swiglu(const __nv_bfloat16* g, const __nv_bfloat16* u, long s, void* y, long ys,
+    float lim, float* z, size_t zn) {{ swiglu_clamp_body<{INTER}, 8, SwiGluOut::kBF16, true>(g, u, s, y, ys, lim, z, zn); }}
+extern "C" __global__ void b_combine(const float* w, const int* ids, const __nv_bfloat16* e,
+    const __nv_bfloat16* sh, __nv_bfloat16* y) {{ moe_combine_body<{D}, {TOPK}, 8>(w, ids, nullptr, e, sh, y); }}
+extern "C" __global__ void b_embed(const int* tok, const uint16_t* table, int vocab, uint16_t* out) {{
+  embed_copy_body<{D}, 8>(tok, table, vocab, out, nullptr); }}
+"""
+
+F32 = np.float32
+
+
+def _mod():
+    from kbpc.testing.gpu import load_module  # noqa: PLC0415
+    return load_module(SOURCE, "bench_misc")
+
+
+def _gpu(a):
+    from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+    return to_gpu(np.ascontiguousarray(a))
+
+
+def _bf16(rng, shape, scale=1.0):
+    from kbpc.reference.formats import bf16_bits  # noqa: PLC0415
+    return bf16_bits((rng.standard_normal(shape) * scale).astype(F32))
+
+
+class _PreState:
+    """Rotating Phi / stream sets plus the small per-site tensors of one pre-mix launch."""
+
+    def __init__(self, fused: bool):
+        rng = np.random.default_rng(0)
+        self.n = rotations(ROWS * N * D * 2 + N * D * 4 * (2 if fused else 1))
+        self.phis = [_gpu(_bf16(rng, (ROWS, N * D), 0.01)) for _ in range(self.n)]
+        self.xs = [_gpu(rng.standard_normal((N, D)).astype(F32)) for _ in range(self.n)]
+        self.x_out = [_gpu(np.zeros((N, D), F32)) for _ in range(self.n)] if fused else None
+        self.u = _gpu(_bf16(rng, D))
+        self.post_in = _gpu(np.full(N, 1.0, F32))
+        self.comb_in = _gpu(np.full((N, N), 1.0 / N, F32))
+        self.small = [_gpu(np.ones(3, F32)), _gpu(np.zeros(ROWS, F32)), _gpu(_bf16(rng, D))]
+        self.mix, self.counters = _gpu(np.zeros(ROWS, F32)), _gpu(np.zeros(1, np.uint32))
+        self.normed, self.post = _gpu(np.zeros(D, np.uint16)), _gpu(np.zeros(N, F32))
+        self.comb = _gpu(np.zeros((N, N), F32))
+
+    def tail(self, i):
+        return [self.phis[i % self.n], *self.small, F32(1e-6), F32(1e-6), F32(1e-5), np.int32(20), self.mix,
+                self.counters, np.uintp(0), self.normed, self.post, self.comb]
+
+
+_PRE_BYTES = ROWS * N * D * 2 + N * D * 4 + D * 2 + D * 2 + (N + N * N + ROWS) * 4
+_POST_BYTES = N * D * 4 * 2 + D * 2 + (N + N * N) * 4
+
+
+def _pre_case() -> Case:
+    def setup():
+        f, st = _mod().get_function("b_pre"), _PreState(False)
+        return lambda i: f(st.xs[i % st.n], *st.tail(i), block=(PRE_THREADS, 1, 1), grid=(ROWS, 1))
+    return Case("glm_mhc::hc_pre_norm", f"{N}x{D} f32, Phi {ROWS}x{N * D} bf16", _PRE_BYTES, setup)
+
+
+def _pre_side_gates_cases() -> list[Case]:
+    def pre():
+        f, st = _mod().get_function("b_pre"), _PreState(False)
+
+        def launch(i):
+            tail = st.tail(i)
+            tail[-1] = np.uintp(0)  # comb = nullptr: no gates in the tail
+            f(st.xs[i % st.n], *tail, block=(PRE_THREADS, 1, 1), grid=(ROWS, 1))
+        return launch
+
+    def gates():
+        f, st = _mod().get_function("b_gates"), _PreState(False)
+        return lambda i: f(st.mix, st.small[0], st.small[1], F32(1e-6), np.int32(20), st.post, st.comb,
+                           block=(32, 1, 1), grid=(1, 1))
+    return [Case("glm_mhc::hc_pre_norm, gates on a side stream", "critical path", _PRE_BYTES, pre),
+            Case("glm_mhc::hc_gates (side stream)", "Sinkhorn T=20", (ROWS + N + N * N) * 4, gates)]
+
+
+def _post_launch(f, st, i):
+    f(st.xs[i % st.n], st.u, st.post_in, st.comb_in, st.xs[i % st.n], block=(POST_THREADS, 1, 1),
+      grid=(D // (POST_THREADS * POST_VEC), 1))
+
+
+def _post_case() -> Case:
+    def setup():
+        f, st = _mod().get_function("b_post"), _PreState(False)
+        return lambda i: _post_launch(f, st, i)
+    return Case("glm_mhc::hc_post", f"{N}x{D} f32 + {D} bf16, in place", _POST_BYTES, setup)
+
+
+def _boundary_case() -> Case:
+    def setup():
+        mod, st = _mod(), _PreState(False)
+        post, pre = mod.get_function("b_post"), mod.get_function("b_pre")
+
+        def launch(i):
+            _post_launch(post, st, i)
+            pre(st.xs[i % st.n], *st.tail(i), block=(PRE_THREADS, 1, 1), grid=(ROWS, 1))
+        return launch
+    return Case("glm_mhc::boundary post + pre_norm (2 launches)", "budget 4 us",
+                _PRE_BYTES + _POST_BYTES, setup)
+
+
+def _fused_boundary_case() -> Case:
+    def setup():
+        f, st = _mod().get_function("b_post_pre"), _PreState(True)
+        return lambda i: f(st.xs[i % st.n], st.u, st.post_in, st.comb_in, st.x_out[i % st.n], *st.tail(i),
+                           block=(PRE_THREADS, 1, 1), grid=(ROWS, 1))
+    return Case("glm_mhc::boundary post+pre_norm fused", "budget 4 us", _PRE_BYTES + N * D * 4 + D * 2,
+                setup)
+
+
+def _expand_head_cases() -> list[Case]:
+    def expand():
+        f, rng = _mod().get_function("b_expand"), np.random.default_rng(0)
+        n = rotations(D * 2 + N * D * 4)
+        hs = [_gpu(_bf16(rng, D)) for _ in range(n)]
+        xs = [_gpu(np.zeros((N, D), F32)) for _ in range(n)]
+        return lambda i: f(hs[i % n], xs[i % n], block=(32, 1, 1), grid=(D // 128, 1))
+
+    def head():
+        f, rng = _mod().get_function("b_head"), np.random.default_rng(0)
+        n = rotations(D * 2 + N * D * 4)
+        xs = [_gpu(rng.standard_normal((N, D)).astype(F32)) for _ in range(n)]
+        y = _gpu(np.zeros(D, np.uint16))
+        return lambda i: f(xs[i % n], y, block=(32, 1, 1), grid=(D // 128, 1))
+    nbytes = D * 2 + N * D * 4
+    return [Case("glm_mhc::hc_expand", f"{D} bf16 -> {N}x{D} f32", nbytes, expand),
+            Case("glm_mhc::hc_head", f"{N}x{D} f32 -> {D} bf16", nbytes, head)]
+
+
+def _router_case() -> Case:
+    nbytes = EXPERTS * 8 + TOPK * 8
+
+    def setup():
+        f, rng = _mod().get_function("b_router"), np.random.default_rng(0)
+        n = rotations(nbytes)
+        zs = [_gpu(rng.standard_normal(EXPERTS).astype(F32)) for _ in range(n)]
+        b = _gpu((rng.standard_normal(EXPERTS) * 0.1).astype(F32))
+        w, ids = _gpu(np.zeros(TOPK, F32)), _gpu(np.zeros(TOPK, np.int32))
+        return lambda i: f(zs[i % n], b, F32(2.5), w, ids, block=(32 * -(-EXPERTS // 32), 1, 1), grid=(1, 1))
+    return Case("glm_router_topk::router_topk", f"1x{EXPERTS} f32, top {TOPK}", nbytes, setup)
+
+
+def _swiglu_case() -> Case:
+    rows, zero_words = TOPK, D  # the routed down projection's FP32 accumulator of one token
+    nbytes = rows * INTER * 2 * 2 + rows * INTER * 2 + zero_words * 4
+
+    def setup():
+        f, rng = _mod().get_function("b_swiglu"), np.random.default_rng(0)
+        n = rotations(nbytes)
+        gus = [_gpu(_bf16(rng, (rows, 2 * INTER), 4.0)) for _ in range(n)]
+        y, z = _gpu(np.zeros((rows, INTER), np.uint16)), _gpu(np.zeros(zero_words, F32))
+
+        def launch(i):
+            g = int(gus[i % n].gpudata)
+            f(np.uintp(g), np.uintp(g + 2 * INTER), np.int64(2 * INTER), y, np.int64(INTER), F32(10.0), z,
+              np.uint64(zero_words), block=(128, 1, 1), grid=(INTER // (128 * 8), rows))
+        return launch
+    return Case("glm_swiglu_clamp::swiglu_clamp bf16+zero", f"{rows}x{INTER} gate|up bf16", nbytes, setup)
+
+
+def _combine_case() -> Case:
+    nbytes = TOPK * D * 2 + D * 2 + D * 2 + TOPK * 8
+
+    def setup():
+        f, rng = _mod().get_function("b_combine"), np.random.default_rng(0)
+        n = rotations(nbytes)
+        es = [_gpu(_bf16(rng, (TOPK, D))) for _ in range(n)]
+        sh = [_gpu(_bf16(rng, D)) for _ in range(n)]
+        w = _gpu(np.full(TOPK, 0.3, F32))
+        ids = _gpu(np.arange(TOPK, dtype=np.int32))
+        y = _gpu(np.zeros(D, np.uint16))
+        return lambda i: f(w, ids, es[i % n], sh[i % n], y, block=(64, 1, 1), grid=(D // (64 * 8), 1))
+    return Case("glm_moe_combine::moe_combine", f"{TOPK}x{D} + {D} bf16", nbytes, setup)
+
+
+def _embed_case() -> Case:
+    vocab = 16384  # a 128 MB table: every launch reads a row that is not in L2
+
+    def setup():
+        f, rng = _mod().get_function("b_embed"), np.random.default_rng(0)
+        table = _gpu(rng.integers(0, 1 << 15, (vocab, D), dtype=np.uint16))
+        toks = [_gpu(np.array([t], np.int32)) for t in rng.integers(0, vocab, 64)]
+        out = _gpu(np.zeros(D, np.uint16))
+        return lambda i: f(toks[i % 64], table, np.int32(vocab), out, block=(64, 1, 1), grid=(D // (64 * 8), 1))
+    return Case("embed_copy::embed_copy", f"row of {vocab}x{D} bf16", D * 2 * 2 + 4, setup)
+
+
+CASES = [_pre_case(), *_pre_side_gates_cases(), _post_case(), _boundary_case(), _fused_boundary_case(), *_expand_head_cases(),
+         _router_case(), _swiglu_case(), _combine_case(), _embed_case()]

@@ -1,0 +1,186 @@
+"""Benchmark cases of the projection kernels at the seed blueprint's decode shapes (one token).
+
+Buffers are filled with a byte pattern (0x3C: BF16 ~0.0115, E4M3 1.5, E2M1 pairs 2 | 1.5): the
+kernels' speed does not depend on values, and filling on the device keeps setup fast.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import Case, rotations
+
+B256 = dict(block=(256, 1, 1))
+
+
+def _dev(nbytes: int):
+    import pycuda.driver as cuda  # noqa: PLC0415
+    from pycuda import gpuarray  # noqa: PLC0415
+    a = gpuarray.empty((max(nbytes, 16),), np.uint8)
+    cuda.memset_d8(a.gpudata, 0x3C, a.nbytes)
+    return a
+
+
+def _mod(src: str, name: str):
+    from kbpc.testing.gpu import load_module  # noqa: PLC0415
+    return load_module("#include <cuda_bf16.h>\n" + src, name)
+
+
+def _table(records: list[tuple], dtype: list) -> object:
+    from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+    return to_gpu(np.array(records, np.dtype(dtype)).view(np.uint8))
+
+
+# ------------------------------------------------------------------ dense / w4a16
+
+def dense(name, n, k):
+    def setup():
+        f = _mod(f'#include "dense_bf16.cuh"\nextern "C" __global__ void __launch_bounds__(256) d(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, __nv_bfloat16>(W, x, y, N); }}', f"bd{k}").get_function("d")
+        sets = [(_dev(2 * n * k), _dev(2 * k), _dev(2 * n)) for _ in range(rotations(2 * n * k))]
+        def launch(i):
+            w, x, y = sets[i % len(sets)]
+            f(w.gpudata, x.gpudata, y.gpudata, np.int32(n), grid=((n + 3) // 4, 1), **B256)
+        return launch
+    return Case(f"dense_bf16::gemv {name}", f"{n}x{k} bf16", 2 * n * k + 2 * k + 2 * n, setup)
+
+
+def _nvfp4_bytes(n, k):
+    return n * k // 2 + n * k // 16
+
+
+def w4a16_segs(name, ns, k):
+    """One launch of w4a16_gemv_seg (or w4a16_gemv when there is one segment)."""
+    wb = sum(_nvfp4_bytes(n, k) for n in ns)
+
+    def setup():
+        mod = _mod(f'#include "w4a16_gemv.cuh"\n'
+                   f'extern "C" __global__ void __launch_bounds__(256) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_gemv_seg_dev<{k}>(t, n, x); }}', f"bw4s{k}")
+        f = mod.get_function("s")
+        dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
+        sets = []
+        for _ in range(rotations(wb)):
+            bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
+            tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
+            sets.append((bufs, tab, _dev(2 * k)))
+        grid = (sum((n + 15) // 16 for n in ns), 1)
+
+        def launch(i):
+            _, tab, x = sets[i % len(sets)]
+            f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, **B256)
+        return launch
+    return Case(f"w4a16_gemv::seg {name}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
+
+
+def w4a16_silu(name, n, k):
+    def setup():
+        f = _mod(f'#include "w4a16_gemv.cuh"\nextern "C" __global__ void __launch_bounds__(256) s(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, int N) {{ kbp::w4a16_gemv_silu_input_dev<{k}>(c, s, g, a, b, y, N); }}', f"bw4si{k}").get_function("s")
+        sets = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * k), _dev(2 * k), _dev(2 * n)) for _ in range(rotations(_nvfp4_bytes(n, k)))]
+
+        def launch(i):
+            c, s, a, b, y = sets[i % len(sets)]
+            f(c.gpudata, s.gpudata, np.float32(1), a.gpudata, b.gpudata, y.gpudata, np.int32(n), grid=((n + 15) // 16, 1), **B256)
+        return launch
+    return Case(f"w4a16_gemv::silu_input {name}", f"{n}x{k} nvfp4", _nvfp4_bytes(n, k) + 4 * k + 2 * n, setup)
+
+
+# ------------------------------------------------------------------ w4a4
+
+def w4a4_slots(name, n, k, slots, shared):
+    """Routed-expert slot GEMV: `slots` distinct experts per launch, ids read on the device."""
+    wb = slots * _nvfp4_bytes(n, k)
+
+    def setup():
+        f = _mod(f'#include "w4a4_mx_static.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) m(const int* ids, int div, const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, const float* sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_moe_slots_dev<{k}>(ids, div, ac, as, ag, wc, ws, sg, y, N); }}', f"bw44m{k}").get_function("m")
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        rot = rotations(wb)
+        experts = slots * rot
+        wc, ws = _dev(experts * n * k // 2), _dev(experts * n * k // 16)
+        sg = to_gpu(np.ones(experts, np.float32))
+        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        rows = 1 if shared else slots
+        ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
+        y = _dev(2 * slots * n)
+
+        def launch(i):
+            f(ids[i % rot].gpudata, np.int32(slots if shared else 1), ac.gpudata, asc.gpudata, ag.gpudata,
+              wc.gpudata, ws.gpudata, sg.gpudata, y.gpudata, np.int32(n), grid=(n // 16, slots), **B256)
+        return launch
+    return Case(f"w4a4_mx_static::moe_slots {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
+
+
+def w4a4_dense(name, n, k):
+    def setup():
+        f = _mod(f'#include "w4a4_mx.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) g(const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, float sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_dev<{k}>(ac, as, ag, wc, ws, sg, y, N); }}', f"bw44g{k}").get_function("g")
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        ag = to_gpu(np.ones(1, np.float32))
+        sets = [(_dev(k // 2), _dev(k // 16), _dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for _ in range(rotations(_nvfp4_bytes(n, k)))]
+
+        def launch(i):
+            ac, asc, wc, ws, y = sets[i % len(sets)]
+            f(ac.gpudata, asc.gpudata, ag.gpudata, wc.gpudata, ws.gpudata, np.float32(1), y.gpudata, np.int32(n), grid=(n // 16, 1), **B256)
+        return launch
+    return Case(f"w4a4_mx::gemv {name}", f"{n}x{k} nvfp4", _nvfp4_bytes(n, k) + 2 * n, setup)
+
+
+# ------------------------------------------------------------------ wxay
+
+def wxay_split(name, ns, k):
+    wb = sum(n * k + 4 * n for n in ns)
+
+    def setup():
+        f = _mod(f'#include "wxay.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) s(const kbp::WxaySeg* t, int n, const uint8_t* a, const float* sa) {{ kbp::wxay_rowscale_split_dev<{k}>(t, n, a, sa); }}', f"bwx{k}").get_function("s")
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        dt = [("w", "<u8"), ("s", "<u8"), ("y", "<u8"), ("n", "<i4"), ("p", "<i4")]
+        sa = to_gpu(np.ones(1, np.float32))
+        sets = []
+        for _ in range(rotations(wb)):
+            bufs = [(_dev(n * k), to_gpu(np.ones(n, np.float32)), _dev(2 * n)) for n in ns]
+            tab = _table([(int(w.gpudata), int(s.gpudata), int(y.gpudata), n, 0) for (w, s, y), n in zip(bufs, ns)], dt)
+            sets.append((bufs, tab, _dev(k)))
+        grid = (sum(n // 16 for n in ns), 1)
+
+        def launch(i):
+            _, tab, a = sets[i % len(sets)]
+            f(tab.gpudata, np.int32(len(ns)), a.gpudata, sa.gpudata, grid=grid, **B256)
+        return launch
+    return Case(f"wxay::rowscale {name}", f"{'+'.join(map(str, ns))}x{k} fp8", wb + k + 2 * sum(ns), setup)
+
+
+# ------------------------------------------------------------------ activation quantizers
+
+def quantizer(name, entry, header, k, in_bytes, out_bytes, args):
+    def setup():
+        f = _mod(f'#include "{header}"\nextern "C" __global__ void __launch_bounds__(256) q({args[0]}) {{ kbp::{entry}_dev<{k}>({args[1]}); }}', f"bq{entry}{k}").get_function("q")
+        sets = [[_dev(b) for b in args[2]] for _ in range(rotations(in_bytes))]
+
+        def launch(i):
+            f(*(b.gpudata for b in sets[i % len(sets)]), grid=(1, 1), **B256)
+        return launch
+    return Case(f"{header[:-4]}::{entry} {name}", f"1x{k}", in_bytes + out_bytes, setup)
+
+
+_BF = "const __nv_bfloat16*"
+CASES = [
+    dense("lm_head", 154880, 4096),
+    w4a16_segs("kda q", (8192,), 4096),
+    w4a16_segs("kda o", (4096,), 8192),
+    w4a16_segs("kda six q,k,v,f_a,b,g_a", (8192, 8192, 8192, 128, 64, 128), 4096),
+    w4a16_segs("shared expert gate,up", (2048, 2048), 4096),
+    w4a16_silu("shared expert down", 4096, 2048),
+    w4a4_slots("moe gate_up (8 slots)", 4096, 4096, 8, True),
+    w4a4_slots("moe down (8 slots)", 4096, 2048, 8, False),
+    w4a4_dense("dense mlp gate_up", 24576, 4096),
+    w4a4_dense("dense mlp down", 4096, 12288),
+    wxay_split("dsa q_a", (1536,), 4096),
+    wxay_split("dsa kv_a", (512,), 4096),
+    wxay_split("dsa q_a+kv_a split", (1536, 512), 4096),
+    wxay_split("dsa q_b", (16384,), 1536),
+    wxay_split("dsa o", (4096,), 16384),
+    quantizer("", "w4a4_quant_rows", "w4a4_mx.cuh", 4096, 8192, 4096 // 2 + 4096 // 16 + 4,
+              (f"{_BF} x, uint8_t* c, uint8_t* s, float* g", "x, c, s, g", (8192, 2048, 256, 4))),
+    quantizer("", "w8a8_act_quant_row", "w8a8_act_quant.cuh", 4096, 8192, 4096 + 4,
+              (f"{_BF} x, uint8_t* q, float* s", "x, q, s", (8192, 4096, 4))),
+    quantizer("", "w8a8_act_quant_silu_row", "w8a8_act_quant.cuh", 12288, 4 * 12288, 12288 + 4,
+              (f"{_BF} g, {_BF} u, uint8_t* q, float* s", "g, u, q, s", (2 * 12288, 2 * 12288, 12288, 4))),
+    quantizer("", "w8a8_act_quant_g128", "w8a8_act_quant.cuh", 16384, 2 * 16384, 16384 + 4 * 128,
+              (f"{_BF} x, uint8_t* q, float* s", "x, q, s", (2 * 16384, 16384, 4 * 128))),
+]

@@ -1,0 +1,73 @@
+"""`kbpc keygen`, `kbpc sign` and `kbpc verify`: thin click commands over kbpc.bundle, registered
+into the `kbpc` group by kbpc/cli.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kbpc.bundle.container import resign_bundle, verify_bundle
+from kbpc.bundle.keys import (Signer, default_key_dir, default_key_paths, ensure_default_key,
+                              generate_keys, trusted_keyring)
+from kbpc.cli_options import reports_errors
+from kbpc.report.render import human_bytes
+
+TRUST_OPTION = click.option(
+    "--trust", "trust_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="Keyring file of trusted public keys (repeatable). Default: the keyring of your default "
+         "key, in the kbpc config directory.")
+
+
+@click.command()
+@click.option("-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for signing-key.json (private, mode 0600) and signing-key.pub.json "
+                   "(the keyring to share). Default: the kbpc config directory.")
+@click.option("--force", is_flag=True, help="Replace an existing private key there.")
+@reports_errors
+def keygen(output_dir: Path | None, force: bool) -> None:
+    """Create a signing key: an Ed25519 and an ML-DSA-65 key pair. Bundles carry a signature from
+    each; verifiers trust the public keyring."""
+    paths = generate_keys(output_dir or default_key_dir(), overwrite=force)
+    signer = Signer.load(paths.private)
+    click.echo(f"private key:    {paths.private}  (keep it secret)")
+    click.echo(f"public keyring: {paths.public}  (give it to whoever verifies your bundles)")
+    click.echo(f"key ids:        {', '.join(signer.key_ids)}")
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Private key file (default: your default key, created on first use).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the re-signed bundle here (default: replace BUNDLE, atomically).")
+@click.option("--trust", "trust_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also require the bundle's current signatures to verify against this keyring "
+                   "(repeatable). Without it only the members are checked against the manifest.")
+@reports_errors
+def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: tuple[Path, ...]) -> None:
+    """Re-sign BUNDLE: a new signature.json from KEY; every other byte stays the same."""
+    if key_path is None:
+        key_path, created = ensure_default_key()
+        if created:
+            click.echo(f"created a default signing key at {key_path} (public keyring: "
+                       f"{default_key_paths().public})")
+    signer = Signer.load(key_path)
+    trust = trusted_keyring(trust_paths) if trust_paths else None
+    key_ids = resign_bundle(bundle, signer, output, trust)
+    click.echo(f"signed {output or bundle} with {', '.join(key_ids)}")
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@TRUST_OPTION
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict.")
+@reports_errors
+def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool) -> None:
+    """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
+    signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
+    as the signed manifest records, no member added or missing. Exit code 2 on any failure."""
+    trust = trusted_keyring(trust_paths)
+    on_check = None if quiet else (lambda check: click.echo(f"  ok  {check}"))
+    report = verify_bundle(bundle, trust, on_check)
+    click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
+               f"signed by {', '.join(report.signers)}")

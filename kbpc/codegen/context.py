@@ -1,0 +1,142 @@
+"""What a family lowering sees of the plan: buffer, weight and state expressions for the step
+program, the group's nodes and edges, symbols and constants.
+
+Step-program scope names (defined by templates/step.cu.j2):
+  A  uint8_t* arena base         W[i] const void* weight i     S[i] void* state buffer i
+  TOKEN  const int* device token id     POS  const int* device position (0-based)
+  SEQ    const int* device cached-token count after this token's writes (POS + 1)
+
+Quantized activation buffers are planar: every row's codes, then every row's scales, then one
+FP32 scale per row (fp8/token: codes [rows][K], scales [rows]; nvfp4/g16: codes [rows][K/2],
+E4M3 scales [rows][K/16], global scales [rows])."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from kbpc.errors import KbpcError
+from kbpc.ir.plan import Buffer, LoweredGroup, Plan
+from kbpc.ir.records import Node, Tensor
+from kbpc.passes.plan_memory import buffer_name
+
+
+class LoweringError(KbpcError):
+    """A group cannot be lowered to kernels on this target."""
+
+
+@dataclass(frozen=True)
+class Quant:
+    codes: str
+    scales: str
+    globals: str
+
+
+class LowerCtx:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.bp = plan.blueprint
+        self.sym = self.bp.symbols
+        self.c = self.bp.config.constants
+
+    @cached_property
+    def _buffers(self) -> dict[str, Buffer]:
+        return {b.name: b for b in self.plan.buffers}
+
+    @cached_property
+    def _weights(self) -> dict[str, int]:
+        return {w.name: i for i, w in enumerate(self.plan.weights)}
+
+    @cached_property
+    def _state(self) -> dict[str, int]:
+        return {s.name: i for i, s in enumerate(self.plan.state)}
+
+    # -- graph queries -------------------------------------------------------------------------
+    def nodes(self, group: LoweredGroup) -> list[Node]:
+        return [self.bp.node_by_id[n] for n in group.nodes]
+
+    def node(self, group: LoweredGroup, op: str) -> Node:
+        found = [n for n in self.nodes(group) if n.op == op or n.op_base == op]
+        if len(found) != 1:
+            raise LoweringError(f"expected one {op} node, found {len(found)}", f"group {group.id}")
+        return found[0]
+
+    def inputs(self, node: Node) -> list[Tensor]:
+        return self.bp.inputs(node.order)
+
+    def input(self, node: Node, name: str | None = None, *, op: str | None = None) -> Tensor:
+        """The input edge called `name` (last id component), or the one produced by an `op` node,
+        or the single non-index input."""
+        ins = self.inputs(node)
+        if name is not None:
+            ins = [t for t in ins if t.id.rsplit(".", 1)[-1] == name]
+        elif op is not None:
+            ins = [t for t in ins if self.bp.node(t.src).op in (op,) or self.bp.node(t.src).op_base == op]
+        else:
+            ins = [t for t in ins if t.format != "i32"]
+        if not ins:
+            raise LoweringError(f"no input {name or op or 'activation'}", f"node {node.id}")
+        return ins[0]
+
+    def output(self, node: Node, name: str | None = None) -> Tensor:
+        outs = self.bp.outputs(node.order)
+        if name is not None:
+            outs = [t for t in outs if t.id.rsplit(".", 1)[-1] == name]
+        if not outs:
+            raise LoweringError(f"no output {name or ''}", f"node {node.id}")
+        return outs[0]
+
+    # -- expressions ---------------------------------------------------------------------------
+    def buf(self, t: Tensor, ctype: str = "__nv_bfloat16") -> str:
+        """Arena pointer expression of a materialized tensor."""
+        name = buffer_name(self.bp, t)
+        b = self._buffers.get(name)
+        if b is None:
+            raise LoweringError(f"tensor {t.id} is not materialized (fused inside a group?)", f"edge {t.id}")
+        return f"(({ctype}*)(A + {b.offset}))"
+
+    def rows(self, t: Tensor) -> int:
+        b = self._buffers.get(buffer_name(self.bp, t))
+        per_row = t.dim_value
+        return max(1, b.elements // per_row) if b else 1
+
+    def quant(self, t: Tensor) -> Quant:
+        """Planar parts of a quantized activation buffer."""
+        name = buffer_name(self.bp, t)
+        b = self._buffers[name]
+        k, rows = t.dim_value, self.rows(t)
+        if t.format == "fp8/token":
+            codes, scales = b.offset, b.offset + rows * k
+            return Quant(f"((uint8_t*)(A + {codes}))", f"((float*)(A + {scales}))", f"((float*)(A + {scales}))")
+        if t.format == "nvfp4/g16":
+            codes = b.offset
+            scales = codes + rows * k // 2
+            globs = scales + rows * k // 16
+            return Quant(f"((uint8_t*)(A + {codes}))", f"((uint8_t*)(A + {scales}))", f"((float*)(A + {globs}))")
+        raise LoweringError(f"{t.format} is not a quantized format", f"edge {t.id}")
+
+    def weight(self, node: Node | str, suffix: str = "weight", ctype: str = "uint8_t") -> str:
+        name = f"{node if isinstance(node, str) else node.id}.{suffix}"
+        if name not in self._weights:
+            raise LoweringError(f"no weight {name}")
+        return f"((const {ctype}*)W[{self._weights[name]}])"
+
+    def weight_value(self, node: Node | str, suffix: str) -> str:
+        """The host value of a one-element FP32 weight (a static scale): the runtime copies every
+        one-element weight to the host once at create time, as WS[i]."""
+        name = f"{node if isinstance(node, str) else node.id}.{suffix}"
+        if name not in self._weights:
+            raise LoweringError(f"no weight {name}")
+        return f"WS[{self._weights[name]}]"
+
+    def state(self, name: str, ctype: str) -> str:
+        if name not in self._state:
+            raise LoweringError(f"no state buffer {name}")
+        return f"(({ctype}*)S[{self._state[name]}])"
+
+
+def flt(x: float) -> str:
+    """A C++ float literal (the nearest float to x)."""
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"not a finite constant: {x}")
+    return f"{x!r}f"

@@ -1,0 +1,85 @@
+"""Plan -> sources: lower every scheduled group with its family lowering, then render one TU per
+kernel instance and the step program from templates/. Output is byte-identical run to run (stable
+iteration order, no timestamps)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.families import lower_group
+from kbpc.codegen.records import (GroupCode, KernelInstance, StateBinding, StepProgram,
+                                  WeightBinding)
+from kbpc.ir.plan import Plan
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+
+
+@dataclass(frozen=True)
+class GeneratedHeader:
+    blueprint_id: str
+    plan_digest: str
+    command: str
+
+
+@dataclass(frozen=True)
+class Sources:
+    files: dict[str, str]            # relative path -> text (src/step.cu, src/kernels/<name>.cu)
+    step: StepProgram
+
+    @property
+    def kernel_tus(self) -> list[str]:
+        return sorted(p for p in self.files if p.startswith("src/kernels/"))
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+def build_step(plan: Plan, command: str) -> StepProgram:
+    ctx = LowerCtx(plan)
+    groups = []
+    by_id = {g.id: g for g in plan.groups}
+    for s in sorted(plan.schedule, key=lambda s: s.position):
+        g = by_id[s.group]
+        groups.append(GroupCode(group=g.id, rule=g.rule, family=g.family, stream=s.stream,
+                                waits=s.waits, record=s.record, nodes=g.nodes,
+                                launches=tuple(lower_group(ctx, g))))
+    instances: dict[str, KernelInstance] = {}
+    for gc in groups:
+        for launch in gc.launches:
+            instances.setdefault(launch.instance.name, launch.instance)
+    bp = plan.blueprint
+    argmax = [n for n in bp.nodes() if n.op == "argmax"]
+    if len(argmax) != 1:
+        raise LoweringError(f"expected one argmax node for the logits, found {len(argmax)}")
+    logits = ctx.input(argmax[0])
+    events = sum(1 for s in plan.schedule if s.record is not None)
+    return StepProgram(
+        blueprint_id=bp.meta.blueprint_id, plan_digest=plan.digest, command=command,
+        target=plan.options.target, streams=plan.streams, events=events,
+        arena_bytes=plan.arena_bytes, vocab=logits.dim_value, logits_buffer=ctx.buf(logits),
+        logits_bytes=logits.dim_value * 2, groups=tuple(groups),
+        weights=tuple(WeightBinding(i, w.name, w.storage, w.nbytes) for i, w in enumerate(plan.weights)),
+        state=tuple(StateBinding(i, s.name, s.nbytes, s.storage) for i, s in enumerate(plan.state)),
+        headers=tuple(sorted({inst.header for inst in instances.values()})),
+        instances=tuple(instances[k] for k in sorted(instances)))
+
+
+def generate(plan: Plan, command: str) -> Sources:
+    step = build_step(plan, command)
+    header = GeneratedHeader(step.blueprint_id, step.plan_digest, command)
+    env = _env()
+    files = {"src/step.cu": env.get_template("step.cu.j2").render(header=header, step=step)}
+    uses: dict[str, list] = {}
+    for gc in step.groups:
+        for launch in gc.launches:
+            uses.setdefault(launch.instance.name, []).append(launch)
+    tu = env.get_template("kernel_instance.cu.j2")
+    for inst in step.instances:
+        files[f"src/kernels/{inst.name}.cu"] = tu.render(header=header, inst=inst, launches=uses[inst.name])
+    return Sources(files=files, step=step)

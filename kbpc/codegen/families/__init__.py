@@ -1,0 +1,29 @@
+"""Family lowerings: one module per kernel family, each `lower(ctx, group) -> list[Launch]`
+turning one lowered group into launches of its kernels/ header. The table is explicit."""
+from __future__ import annotations
+
+from typing import Callable
+
+from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.families import (dense_bf16, dsa_indexer, glm_mla_decode, glm_mla_latent_write,
+                                    rms_norm)
+from kbpc.codegen.records import Launch
+from kbpc.ir.plan import LoweredGroup
+
+Lowering = Callable[[LowerCtx, LoweredGroup], list[Launch]]
+
+LOWERINGS: dict[str, Lowering] = {
+    "dense_bf16": dense_bf16.lower,
+    "dsa_indexer": dsa_indexer.lower,
+    "glm_mla_decode": glm_mla_decode.lower,
+    "glm_mla_latent_write": glm_mla_latent_write.lower,
+    "rms_norm": rms_norm.lower,
+}
+
+
+def lower_group(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    fn = LOWERINGS.get(group.family)
+    if fn is None:
+        raise LoweringError(f"no code generation for kernel family {group.family!r} yet "
+                            f"(group rule {group.rule})", f"group {group.id}")
+    return fn(ctx, group)

@@ -1,0 +1,33 @@
+"""rms_norm: RMSNorm of one row (kernels/rms_norm.cuh): rms_norm_vanilla (plain weight) and
+norm::rms_norm (1 + weight), as the blueprint's kernel names say."""
+from __future__ import annotations
+
+from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.plan import LoweredGroup
+
+NORM_ONLY = 0   # RmsMode::kNormOnly
+
+
+def block_threads(d: int) -> int:
+    """The reference's block-size rule (kbpc.reference.rms_norm.block_threads)."""
+    from kbpc.reference.rms_norm import block_threads as rule
+    return rule(d)
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    launches = []
+    for node in ctx.nodes(group):
+        x, y = ctx.input(node), ctx.output(node)
+        d = x.dim_value
+        one_plus = "false" if node.kernel and "vanilla" in node.kernel else "true"
+        threads = block_threads(d)
+        bf = "__nv_bfloat16"
+        inst = KernelInstance("rms_norm", "rms_norm.cuh", f"kbp::rms_norm<{d}, {threads}, {one_plus}, {NORM_ONLY}>",
+                              (f"{bf}*", "long", "long", f"const {bf}*", "long", f"{bf}*", "long",
+                               f"const {bf}*", "float", f"{bf}*", "long", "long"))
+        launches.append(Launch(inst, grid=(1, 1, 1), block=(threads, 1, 1), smem=0,
+                               args=(ctx.buf(x), str(d), "0", "nullptr", "0", "nullptr", "0",
+                                     ctx.weight(node, ctype=bf), flt(ctx.c.rms_eps), ctx.buf(y), str(d), "0"),
+                               group=group.id, nodes=(node.id,)))
+    return launches

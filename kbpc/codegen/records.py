@@ -1,0 +1,85 @@
+"""Typed records the templates render. Nothing here knows a family's math: family lowerings
+(kbpc/codegen/families/) turn a group into Launch records."""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelInstance:
+    """One instantiation of a kernels/ template: compiled in its own TU, launched through a typed
+    host launcher `kbp_launch_<name>(grid, block, smem, stream, params...)`."""
+    family: str
+    header: str                      # kernels/<header>
+    kernel: str                      # C++ name with template arguments
+    params: tuple[str, ...]          # C++ parameter types, in order
+
+    @property
+    def name(self) -> str:
+        """Procedural: family, the kernel's template arguments, and a short hash of the whole."""
+        base = re.sub(r"[^A-Za-z0-9]+", "_", self.kernel.removeprefix("kbp::")).strip("_")
+        digest = hashlib.sha256(repr((self.header, self.kernel, self.params)).encode()).hexdigest()[:8]
+        return f"{base[:80]}_{digest}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    instance: KernelInstance
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    args: tuple[str, ...]            # C++ argument expressions (step program scope)
+    group: int
+    nodes: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class GroupCode:
+    """What the step program does for one scheduled group."""
+    group: int
+    rule: str
+    family: str
+    stream: int
+    waits: tuple[int, ...]
+    record: int | None
+    nodes: tuple[str, ...]
+    launches: tuple[Launch, ...]
+    prelude: tuple[str, ...] = ()    # C++ statements before the launches (e.g. small tables)
+
+
+@dataclass(frozen=True)
+class WeightBinding:
+    index: int
+    name: str
+    storage: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class StateBinding:
+    index: int
+    name: str
+    nbytes: int
+    storage: str
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    blueprint_id: str
+    plan_digest: str
+    command: str
+    target: str
+    streams: int
+    events: int
+    arena_bytes: int
+    vocab: int
+    logits_buffer: str               # C++ expression of the BF16 logits row
+    logits_bytes: int
+    groups: tuple[GroupCode, ...]
+    weights: tuple[WeightBinding, ...]
+    state: tuple[StateBinding, ...]
+    headers: tuple[str, ...]         # kernels/ headers whose types the step uses
+    instances: tuple[KernelInstance, ...]

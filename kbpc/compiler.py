@@ -1,0 +1,150 @@
+"""`kbpc compile`: blueprint -> passes -> code generation -> nvcc -> signed .kbp bundle.
+
+Members of the bundle: graph.json (the blueprint as compiled, byte for byte), plan.json (the
+lowered plan, canonical JSON), src/ (generated sources and the kernels/ and runtime_stub/ files
+they include, for audit and rebuild), lib/rank0/libkbp.so, and weights/ for a full bundle. The
+manifest records the blueprint, plan digest, target, tensor-parallel size, model config, weight
+specs, the expected checkpoint (lite) and the toolchain."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from kbpc import __version__
+from kbpc.build.library import BuildResult, build_library
+from kbpc.build.nvcc import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.bundle.container import Member, write_bundle
+from kbpc.bundle.keys import Signer
+from kbpc.bundle.manifest import canonical_json
+from kbpc.codegen.emit import Sources, generate
+from kbpc.errors import KbpcError
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options, Plan
+from kbpc.passes import run_pipeline
+from kbpc.targets import get_target
+from kbpc.weights.checkpoint import open_checkpoint
+
+LIB_PATH = "lib/rank0/libkbp.so"
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    blueprint: Path
+    output: Path
+    options: Options
+    signer: Signer
+    config: Path | None = None
+    cache_dir: Path | None = None
+    jobs: int | None = None
+    weights: Path | None = None      # a checkpoint to embed (full) or name by hashes (lite)
+    embed_weights: bool = False
+    verify: bool = False
+    dump_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    manifest: dict
+    plan: Plan
+    build: BuildResult
+
+
+def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
+                   on_object: Callable[[str, bool], None] | None = None) -> CompileResult:
+    on_stage("front end")
+    bp = load_blueprint(req.blueprint, req.config)
+    on_stage("passes")
+    plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
+    on_stage("code generation")
+    command = f"kbpc compile {req.blueprint.name} --target {req.options.target} --max-context {req.options.max_context}"
+    sources = generate(plan, command)
+    if req.dump_dir is not None:
+        for rel, text in sources.files.items():
+            path = Path(req.dump_dir) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    on_stage("nvcc")
+    target = get_target(req.options.target)
+    with tempfile.TemporaryDirectory(prefix="kbpc-build-") as tmp:
+        lib = Path(tmp) / "libkbp.so"
+        build = build_library(sources.files, target, lib, cache_dir=req.cache_dir, jobs=req.jobs,
+                              on_object=on_object)
+        on_stage("bundle")
+        members = _members(req, bp.raw, plan, sources, lib)
+        manifest = _manifest(req, plan, sources, build)
+        final = write_bundle(req.output, manifest, members, req.signer)
+    return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output))
+
+
+def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:
+    members = [Member("graph.json", data=Path(req.blueprint).read_bytes()),
+               Member("plan.json", data=canonical_json(plan.to_json())),
+               Member(LIB_PATH, data=lib.read_bytes())]
+    members += [Member(rel, data=text.encode()) for rel, text in sorted(sources.files.items())]
+    for header in sorted({*sources.step.headers, "kbp_common.cuh"} | _includes(sources)):
+        members.append(Member(f"src/include/{header}", data=(KERNELS_DIR / header).read_bytes()))
+    for stub in sorted(RUNTIME_STUB_DIR.iterdir()):
+        if stub.is_file():
+            members.append(Member(f"src/runtime_stub/{stub.name}", data=stub.read_bytes()))
+    if req.weights is not None and req.embed_weights:
+        for path in _checkpoint_files(req.weights):
+            members.append(Member(f"weights/{path.name}", source=path))
+    return members
+
+
+def _includes(sources: Sources) -> set[str]:
+    """kernels/ headers the instance headers include (one level is all kernels/ uses)."""
+    found = set()
+    for header in sources.step.headers:
+        for line in (KERNELS_DIR / header).read_text().splitlines():
+            if line.startswith('#include "'):
+                found.add(line.split('"')[1])
+    return {h for h in found if (KERNELS_DIR / h).exists()}
+
+
+def _checkpoint_files(source: Path) -> list[Path]:
+    source = Path(source)
+    files = sorted(source.glob("*.safetensors")) if source.is_dir() else [source]
+    if not files or not all(f.is_file() for f in files):
+        raise KbpcError("no safetensors checkpoint here", str(source))
+    return files
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult) -> dict:
+    bp = plan.blueprint
+    step = sources.step
+    manifest = {
+        "kind": "full" if req.weights is not None and req.embed_weights else "lite",
+        "blueprint_id": bp.meta.blueprint_id, "lineage": bp.meta.lineage, "revision": bp.meta.revision,
+        "plan_digest": plan.digest, "target": req.options.target, "tp_size": req.options.tp,
+        "options": dataclasses.asdict(req.options),
+        "model_config": bp.config.to_json(), "symbols": bp.symbols,
+        "step": {"arena_bytes": step.arena_bytes, "streams": step.streams, "events": step.events,
+                 "launches": sum(len(g.launches) for g in step.groups), "groups": len(step.groups),
+                 "kernel_instances": len(step.instances), "vocab": step.vocab,
+                 "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us},
+        "state": [{"name": s.name, "bytes": s.nbytes, "shape": list(s.shape), "storage": s.storage}
+                  for s in plan.state],
+        "weights": [{"name": w.name, "storage": w.storage, "shape": list(w.shape), "bytes": w.nbytes,
+                     "experts": w.experts} for w in plan.weights],
+        "toolchain": {"kbpc": __version__, "nvcc": build.nvcc, "flags": list(build.flags)},
+        "library": {"rank0": LIB_PATH},
+    }
+    if req.weights is not None:
+        files = _checkpoint_files(req.weights)
+        open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
+        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+                                  for f in files]
+    return manifest

@@ -1,0 +1,159 @@
+"""The CUDA backend: a thin PyCUDA runner around a verified bundle's library.
+
+The runner owns memory (weights, arena, state) through PyCUDA on the primary context that
+`pycuda.autoprimaryctx` retains; the bundle's library (loaded with ctypes, sharing that context)
+captures the step into a CUDA graph and replays it. Logits come back to the host and the token is
+picked as `argmax_host` says."""
+from __future__ import annotations
+
+import ctypes
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kbpc.compiler import LIB_PATH
+from kbpc.errors import DeviceError, WeightsError
+from kbpc.ir.weights import weight_specs
+from kbpc.reference.argmax_host import argmax_host
+from kbpc.reference.formats import bf16_from_bits
+from kbpc.runtime.bundle_model import BundleModel
+from kbpc.weights.checkpoint import load_checkpoint
+from kbpc.weights.synthetic import (BLOCK_SCALE_CODES, FP8_WEIGHT_CODES, parse_seed, rule_for,
+                                    tensor_key)
+
+_KIND = {"uniform": 0, "codes": 1, "scale_codes": 2, "fp8_codes": 3}
+_STORAGE = {"f32": 0, "bf16": 1, "e4m3": 2, "e2m1x2": 2}
+
+
+class KbpStepInfo(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_int), ("weights", ctypes.c_int), ("state", ctypes.c_int),
+                ("arena_bytes", ctypes.c_ulonglong), ("streams", ctypes.c_int), ("events", ctypes.c_int),
+                ("launches", ctypes.c_int), ("groups", ctypes.c_int), ("vocab", ctypes.c_int), ("logits_bytes", ctypes.c_ulonglong),
+                ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p)]
+
+
+def cuda_driver():
+    try:
+        import pycuda.autoprimaryctx  # noqa: F401  (retains the device's primary context)
+        import pycuda.driver as cuda
+    except ImportError:
+        raise DeviceError("the CUDA backend needs PyCUDA: pip install 'kbpc[gpu]'") from None
+    except Exception as exc:  # no driver, no device
+        raise DeviceError(f"no usable NVIDIA GPU: {exc}") from None
+    return cuda
+
+
+def _load_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.kbp_info.restype = ctypes.POINTER(KbpStepInfo)
+    lib.kbp_weight_sizes.restype = ctypes.POINTER(ctypes.c_ulonglong)
+    lib.kbp_state_sizes.restype = ctypes.POINTER(ctypes.c_ulonglong)
+    lib.kbp_create.restype = ctypes.c_void_p
+    lib.kbp_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.kbp_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.kbp_sync.argtypes = [ctypes.c_void_p]
+    lib.kbp_logits.restype = ctypes.c_void_p
+    lib.kbp_logits.argtypes = [ctypes.c_void_p]
+    lib.kbp_destroy.argtypes = [ctypes.c_void_p]
+    lib.kbp_last_error.restype = ctypes.c_char_p
+    lib.kbp_profile_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    lib.kbp_fill_synthetic.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
+                                       ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+class CudaBackend:
+    """One sequence on one GPU. `step(token)` -> (logits float32, greedy token)."""
+
+    def __init__(self, model: BundleModel, weights_source: str, max_context: int | None = None,
+                 use_graph: bool = True):
+        self.cuda = cuda = cuda_driver()
+        self.model = model
+        manifest = model.manifest
+        self.max_context = manifest["options"]["max_context"]
+        if max_context is not None and max_context > self.max_context:
+            raise DeviceError(f"context {max_context} exceeds the bundle's --max-context {self.max_context}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="kbpc-run-")
+        self.lib = _load_library(model.bundle.extract(LIB_PATH, Path(self._tmp.name)))
+        info = self.lib.kbp_info().contents
+        self.info = info
+        self.vocab = info.vocab
+        self.specs = weight_specs(model.blueprint)
+        sizes = [self.lib.kbp_weight_sizes()[i] for i in range(info.weights)]
+        if [s.nbytes for s in self.specs] != sizes:
+            raise DeviceError("the bundle's library and its blueprint disagree on weight sizes")
+        state_sizes = [self.lib.kbp_state_sizes()[i] for i in range(info.state)]
+        self._check_memory(sum(sizes) + sum(state_sizes) + info.arena_bytes)
+        self.arena = cuda.mem_alloc(max(1, info.arena_bytes))
+        cuda.memset_d8(self.arena, 0, max(1, info.arena_bytes))
+        self.weights = [cuda.mem_alloc(max(1, n)) for n in sizes]
+        self.state = [cuda.mem_alloc(max(1, n)) for n in state_sizes]
+        self._load_weights(weights_source)
+        self.reset()
+        wptrs = (ctypes.c_void_p * max(1, len(self.weights)))(*[int(w) for w in self.weights])
+        sptrs = (ctypes.c_void_p * max(1, len(self.state)))(*[int(s) for s in self.state])
+        self._ptr_arrays = (wptrs, sptrs)
+        self.handle = self.lib.kbp_create(int(self.arena), wptrs, sptrs, int(use_graph))
+        if not self.handle:
+            raise DeviceError(f"creating the step failed: {self.lib.kbp_last_error().decode()}")
+        self.position = 0
+        self._logits = np.empty(self.vocab, np.uint16)
+
+    def _check_memory(self, needed: int) -> None:
+        free, total = self.cuda.mem_get_info()
+        if needed > free:
+            raise DeviceError(f"the model needs {needed / 1e9:.2f} GB of GPU memory (weights, state for "
+                              f"{self.max_context} tokens, arena) but the GPU has {free / 1e9:.2f} GB free "
+                              f"of {total / 1e9:.2f} GB")
+
+    def _load_weights(self, source: str) -> None:
+        bp = self.model.blueprint
+        if source.startswith("synthetic:"):
+            seed = parse_seed(source)
+            for spec, dst in zip(self.specs, self.weights):
+                rule = rule_for(bp, spec)
+                lo, hi = BLOCK_SCALE_CODES if rule.kind == "scale_codes" else FP8_WEIGHT_CODES
+                count = int(np.prod(spec.shape, dtype=np.int64))
+                err = self.lib.kbp_fill_synthetic(int(dst), count, int(tensor_key(seed, spec.name)), _KIND[rule.kind],
+                                                  rule.scale, rule.offset, lo, hi, _STORAGE[spec.storage])
+                if err:
+                    raise DeviceError(f"generating {spec.name} on the GPU failed (CUDA error {err})")
+            return
+        path = Path(source)
+        if not path.exists():
+            raise WeightsError("no such checkpoint file or folder (or use synthetic:SEED)", source)
+        tensors = load_checkpoint(path, self.specs)
+        for spec, dst in zip(self.specs, self.weights):
+            self.cuda.memcpy_htod(dst, np.ascontiguousarray(tensors[spec.name]))
+
+    def reset(self) -> None:
+        """A new sequence: zero the state and caches, identity block tables."""
+        for spec, buf in zip(self.model.manifest["state"], self.state):
+            self.cuda.memset_d8(buf, 0, max(1, spec["bytes"]))
+            if spec["name"].endswith(".block_table"):
+                self.cuda.memcpy_htod(buf, np.arange(spec["shape"][0], dtype=np.int32))
+        self.position = 0
+
+    def step(self, token: int) -> tuple[np.ndarray, int]:
+        if self.position >= self.max_context:
+            raise DeviceError(f"context is full ({self.max_context} tokens)")
+        if self.lib.kbp_step(self.handle, int(token), self.position) or self.lib.kbp_sync(self.handle):
+            raise DeviceError(f"decode step failed: {self.lib.kbp_last_error().decode()}")
+        self.cuda.memcpy_dtoh(self._logits, self.lib.kbp_logits(self.handle))
+        self.position += 1
+        logits = bf16_from_bits(self._logits)
+        return logits, int(argmax_host(logits))
+
+    def profile_step(self, token: int) -> np.ndarray:
+        """Milliseconds per group (launch order) of one serialized, eager step."""
+        out = (ctypes.c_float * self.info.groups)()
+        if self.lib.kbp_profile_step(self.handle, int(token), self.position, out):
+            raise DeviceError(f"profiling failed: {self.lib.kbp_last_error().decode()}")
+        self.position += 1
+        return np.array(out, np.float64)
+
+    def close(self) -> None:
+        if getattr(self, "handle", None):
+            self.lib.kbp_destroy(self.handle)
+            self.handle = None

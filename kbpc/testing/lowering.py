@@ -1,0 +1,47 @@
+"""Helpers for the pure (no nvcc) unit tests of family lowerings: plan a blueprint, pick a
+family's groups, and check that a group's launches write every buffer it must write."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from kbpc.codegen.context import LowerCtx
+from kbpc.codegen.records import Launch
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import LoweredGroup, Options, Plan
+from kbpc.passes import run_pipeline
+from kbpc.passes.plan_memory import buffer_name
+
+
+@lru_cache(maxsize=8)
+def planned(path: str, target: str = "sm_90") -> tuple[Plan, LowerCtx]:
+    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target))
+    return plan, LowerCtx(plan)
+
+
+def family_groups(plan: Plan, family: str) -> list[LoweredGroup]:
+    return [g for g in plan.groups if g.family == family]
+
+
+def output_buffers(plan: Plan, group: LoweredGroup) -> list[str]:
+    """Buffers produced by the group's nodes (its non-fused outputs), by name."""
+    bp, names = plan.blueprint, {b.name for b in plan.buffers}
+    out = []
+    for node_id in group.nodes:
+        for t in bp.outputs(bp.node_by_id[node_id].order):
+            name = buffer_name(bp, t)
+            if name in names and name not in out:
+                out.append(name)
+    return out
+
+
+def arena_ref(plan: Plan, name: str) -> str:
+    """The arena-offset part every pointer expression of buffer `name` contains."""
+    b = next(b for b in plan.buffers if b.name == name)
+    return f"(A + {b.offset}))"
+
+
+def unwritten(plan: Plan, group: LoweredGroup, launches: list[Launch]) -> list[str]:
+    """Output buffers of the group that appear in no launch argument."""
+    args = [a for launch in launches for a in launch.args]
+    return [n for n in output_buffers(plan, group) if not any(arena_ref(plan, n) in a for a in args)]

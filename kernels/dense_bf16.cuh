@@ -1,0 +1,89 @@
+// dense_bf16.cuh: one-row BF16 GEMV y = W x on CUDA cores (family dense_bf16, entry dense_gemv_bf16).
+//
+// Launch contract (dense_gemv_bf16<K, OutT>):
+//   W    (N, K) BF16 row-major, 16-byte aligned;  x  (K,) BF16, 16-byte aligned;  y (N,) OutT.
+//   OutT = __nv_bfloat16 (rounded once, RNE) or float (the FP32 sum, no rounding).
+//   K % 8 == 0 (template); any N >= 1.  grid = (ceil(N / 4)), block = 256, no dynamic smem.
+// Math (explain.families.dense_bf16, GEMV): output n gets 64 threads (two warps); thread l
+//   (0..63) walks the 8-element vectors v = l, l+64, ... in increasing order, accumulating
+//   acc = acc + x[8v+i] * W[n, 8v+i] for i = 0..7 (separate FP32 mul and add; --fmad=false);
+//   each warp reduces with the shuffle tree (offsets 16..1) and y = rn(P0 + P1).
+// Speed: the whole row slice a thread needs is issued as 16-byte loads before any arithmetic
+//   (up to DENSE_BF16_BATCH vectors in flight per thread); 4 outputs per CTA give N/4 CTAs.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper (what the GPU tests do).
+#pragma once
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+constexpr int DENSE_BF16_BATCH = 8;  // 16-byte weight loads a thread keeps in flight
+
+__device__ __forceinline__ void dense_store(__nv_bfloat16* y, float v) { *y = f32_to_bf16(v); }
+__device__ __forceinline__ void dense_store(float* y, float v) { *y = v; }
+
+// acc += x[i] * w[i] for the 8 BF16 pairs of one 16-byte vector, in element order.
+__device__ __forceinline__ float dense_dot8(uint4 w, uint4 x, float acc) {
+    const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+    const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float wl = __uint_as_float(wv[j] << 16), wh = __uint_as_float(wv[j] & 0xffff0000u);
+        float xl = __uint_as_float(xv[j] << 16), xh = __uint_as_float(xv[j] & 0xffff0000u);
+        acc = __fadd_rn(acc, __fmul_rn(xl, wl));
+        acc = __fadd_rn(acc, __fmul_rn(xh, wh));
+    }
+    return acc;
+}
+
+// Thread l's partial for one output row: vectors v = l, l+64, ... < K/8, batched loads.
+template <int K>
+__device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wrow,
+                                                   const uint4* __restrict__ xv, int l) {
+    constexpr int NV = K / 8;
+    constexpr int PER = (NV + 63) / 64;  // vectors per thread (the last may be partial)
+    float acc = 0.0f;
+#pragma unroll
+    for (int b0 = 0; b0 < PER; b0 += DENSE_BF16_BATCH) {
+        uint4 w[DENSE_BF16_BATCH];
+#pragma unroll
+        for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
+            int v = l + 64 * (b0 + j);
+            if (b0 + j < PER && v < NV) w[j] = __ldcs(wrow + v);  // streamed: read once
+        }
+#pragma unroll
+        for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
+            int v = l + 64 * (b0 + j);
+            if (b0 + j < PER && v < NV) acc = dense_dot8(w[j], __ldg(xv + v), acc);
+        }
+    }
+    return acc;
+}
+
+template <int K, typename OutT>
+__device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restrict__ W,
+                                                       const __nv_bfloat16* __restrict__ x,
+                                                       OutT* __restrict__ y, int N) {
+    static_assert(K % 8 == 0, "dense_gemv_bf16 walks K in 8-element vectors");
+    __shared__ float part[4];
+    const int slot = threadIdx.x >> 6, l = threadIdx.x & 63;
+    const int n = blockIdx.x * 4 + slot;
+    float acc = 0.0f;
+    if (n < N)
+        acc = dense_row_partial<K>(reinterpret_cast<const uint4*>(W + (size_t)n * K),
+                                   reinterpret_cast<const uint4*>(x), l);
+    acc = warp_sum_down(acc);
+    if (l == 32) part[slot] = acc;  // lane 0 of the second warp holds P1
+    __syncthreads();
+    if (l == 0 && n < N) dense_store(y + n, __fadd_rn(acc, part[slot]));
+}
+
+template <int K, typename OutT>
+__global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* __restrict__ W,
+                                                       const __nv_bfloat16* __restrict__ x,
+                                                       OutT* __restrict__ y, int N) {
+    dense_gemv_bf16_dev<K, OutT>(W, x, y, N);
+}
+
+}  // namespace kbp

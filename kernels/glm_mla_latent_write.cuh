@@ -1,0 +1,104 @@
+// glm_mla_latent_write.cuh: RMSNorm + E4M3 quantisation + paged store of MLA latent rows.
+//
+// Launch contract
+//   glm_mla_latent_write_fp8<E><<<rows, E>>>(c, gamma, slots, s_k, eps, cache)
+//   c      const __nv_bfloat16 [rows, E]   the kv_a projection rows (BF16)
+//   gamma  const __nv_bfloat16 [E]         plain RMSNorm weight (no 1 + gamma offset)
+//   slots  const int32_t [rows]            flat physical cache row per input row; -1 skips it
+//   s_k    float                            static per-layer cache scale (host value)
+//   eps    float                            RMSNorm epsilon (1e-5 for GLM-5)
+//   cache  uint8_t [num_pages * P, E]       paged FP8 latent cache, see below
+//   grid (rows), block (E): one thread per latent channel; E = 32 * 2^k, 64 <= E <= 1024;
+//   static shared memory E/32 floats; no alignment needs beyond the natural ones.
+//
+//   glm_mla_latent_write_fp8_paged<E><<<rows, E>>>(c, gamma, block_table, page_size, pos, s_k, eps,
+//                                                  cache)
+//   the same store for rows at consecutive positions pos[0] + row (pos: const int32_t [1] on the
+//   device, graph-replay safe): the slot is looked up in block_table (see below) on the device.
+//
+// Paged FP8 latent cache (owned by the runner, read by glm_mla_decode.cuh):
+//   codes [num_pages][P][E] uint8 E4M3, one row of E bytes per token; block_table[j] (int32) is
+//   the physical page of logical page j; token t of the sequence lives at flat row
+//   block_table[t / P] * P + t % P (the `slot` the runner passes here). A cached value is
+//   s_k * e4m3(code).
+//
+// Math (explain.families.glm_mla_latent_write; reference kbpc/reference/glm_mla_latent_write.py):
+//   r = rsqrtf(fl(fl(sum_k c_k^2) / E) + eps)   sum: warp xor butterfly, then a halving tree over
+//   the E/32 warp sums; c^_i = sat_e4m3(fl(fl(fl(c_i r) gamma_i) * fl(1 / s_k))).
+// Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
+// unit may wrap the body in an extern "C" kernel with the same launch bounds.
+#pragma once
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+// One block stores row c_row (E values) at flat cache row `slot` (uniform over the block).
+template <int E>
+__device__ __forceinline__ void glm_mla_latent_write_row(
+    const __nv_bfloat16* __restrict__ c_row, const __nv_bfloat16* __restrict__ gamma, int32_t slot,
+    float s_k, float eps, uint8_t* __restrict__ cache) {
+    static_assert(E % 32 == 0 && E >= 64 && E <= 1024, "latent width: 64..1024, whole warps");
+    constexpr int WARPS = E / 32;
+    static_assert((WARPS & (WARPS - 1)) == 0, "the warp-sum tree needs a power-of-two warp count");
+    __shared__ float warp_sums[WARPS];
+
+    const int i = threadIdx.x;
+    if (slot < 0) return;  // uniform over the block: the whole row is skipped
+
+    const float x = bf16_to_f32(c_row[i]);
+    const float s = warp_sum_xor(x * x);
+    if ((i & 31) == 0) warp_sums[i >> 5] = s;
+    __syncthreads();
+    // Halving tree over the warp sums, done by every thread on its own copy (tiny, no syncs).
+    float v[WARPS];
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) v[w] = warp_sums[w];
+#pragma unroll
+    for (int off = WARPS / 2; off >= 1; off >>= 1) {
+#pragma unroll
+        for (int w = 0; w < off; ++w) v[w] = v[w] + v[w + off];
+    }
+    const float mean = v[0] / (float)E;
+    const float r = rsqrtf(mean + eps);
+    const float inv_s = 1.0f / s_k;
+    const float y = ((x * r) * bf16_to_f32(gamma[i])) * inv_s;
+    cache[(size_t)slot * E + i] = f32_to_e4m3(y);
+}
+
+template <int E>
+__device__ __forceinline__ void glm_mla_latent_write_fp8_body(
+    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
+    const int32_t* __restrict__ slots, float s_k, float eps, uint8_t* __restrict__ cache) {
+    const int row = blockIdx.x;
+    glm_mla_latent_write_row<E>(c + (size_t)row * E, gamma, slots[row], s_k, eps, cache);
+}
+
+template <int E>
+__global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
+    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
+    const int32_t* __restrict__ slots, float s_k, float eps, uint8_t* __restrict__ cache) {
+    glm_mla_latent_write_fp8_body<E>(c, gamma, slots, s_k, eps, cache);
+}
+
+// Slot of token t: block_table[t / P] * P + t % P (the decode reads through the same table).
+template <int E>
+__device__ __forceinline__ void glm_mla_latent_write_fp8_paged_body(
+    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
+    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
+    float s_k, float eps, uint8_t* __restrict__ cache) {
+    const int row = blockIdx.x;
+    const int t = pos[0] + row;
+    const int32_t slot = block_table[t / page_size] * page_size + t % page_size;
+    glm_mla_latent_write_row<E>(c + (size_t)row * E, gamma, slot, s_k, eps, cache);
+}
+
+template <int E>
+__global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
+    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
+    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
+    float s_k, float eps, uint8_t* __restrict__ cache) {
+    glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
+}
+
+}  // namespace kbp

@@ -1,0 +1,62 @@
+// glm_moe_combine.cuh: weighted routed sum plus the ungated shared expert
+// (explain.families.glm_moe_combine).
+//
+// Launch contract
+//   kbp::moe_combine<D, K, VEC>(weights, ids, slot_rows, expert_out, shared, y)
+//     weights [m][K] FP32 (router weights, routed scale included); ids [m][K] int32 or nullptr
+//     (a slot with id < 0 is skipped: its expert row may be garbage); slot_rows [m][K] int32 or
+//     nullptr: the expert_out row of slot k of token t (the indexed, expert-sorted variant), else
+//     row t*K + k (slot order); expert_out [rows][D] BF16; shared [m][D] BF16; y [m][D] BF16.
+//     grid (ceil(D / (block*VEC)), m), any block size; D % VEC == 0, rows 2*VEC-byte aligned.
+// Math (kbpc.reference.glm_moe_combine; FP32, no FMA contraction)
+//   acc = +0; for each live slot in slot order: acc = fl(acc + fl(w * e)); y = rn_bf16(acc + sh).
+//   VEC (8 = 16-byte loads) changes only the access width, never the bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+template <int VEC>
+struct alignas(2 * VEC) CombineBF16Vec { __nv_bfloat16 v[VEC]; };
+
+template <int D, int K, int VEC>
+__device__ __forceinline__ void moe_combine_body(const float* __restrict__ weights, const int* __restrict__ ids,
+                                                 const int* __restrict__ slot_rows,
+                                                 const __nv_bfloat16* __restrict__ expert_out,
+                                                 const __nv_bfloat16* __restrict__ shared,
+                                                 __nv_bfloat16* __restrict__ y) {
+    static_assert(D % VEC == 0 && (VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8), "VEC");
+    const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i0 >= D) return;
+    const size_t t = blockIdx.y;
+    float acc[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        if (ids != nullptr && ids[t * K + k] < 0) continue;
+        const float w = weights[t * K + k];
+        const size_t row = slot_rows != nullptr ? (size_t)slot_rows[t * K + k] : t * K + k;
+        const auto e = *reinterpret_cast<const CombineBF16Vec<VEC>*>(expert_out + row * D + i0);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[v] = acc[v] + w * bf16_to_f32(e.v[v]);
+    }
+    const auto sh = *reinterpret_cast<const CombineBF16Vec<VEC>*>(shared + t * D + i0);
+    CombineBF16Vec<VEC> o;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) o.v[v] = f32_to_bf16(acc[v] + bf16_to_f32(sh.v[v]));
+    *reinterpret_cast<CombineBF16Vec<VEC>*>(y + t * D + i0) = o;
+}
+
+template <int D, int K, int VEC>
+__global__ void moe_combine(const float* __restrict__ weights, const int* __restrict__ ids,
+                            const int* __restrict__ slot_rows, const __nv_bfloat16* __restrict__ expert_out,
+                            const __nv_bfloat16* __restrict__ shared, __nv_bfloat16* __restrict__ y) {
+    moe_combine_body<D, K, VEC>(weights, ids, slot_rows, expert_out, shared, y);
+}
+
+}  // namespace kbp

@@ -1,0 +1,206 @@
+// kda_gates_w8a8.cuh: the KDA decode gate chain in one launch (explain.families.kda_gates_w8a8):
+// f = W_f x_f and o_g = W_g x_g as W8A8 E4M3 GEMVs over 1..8 token rows, each with its per-row
+// activation quantization, the bounded-sigmoid decay epilogue on f, and the beta sigmoid.
+//
+// Launch contract
+//   kbp::kda_gates_w8a8_k128_rows<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
+//       dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
+//       f_out, f_stride)
+//     xf, xg:  (m, K) BF16 token rows (the low-rank f_a and g_a outputs), row stride x_stride
+//              (elements, a multiple of 8); 1 <= m <= 8.
+//     wf, wg:  (N, K) E4M3 codes, row-major, 16-byte aligned; swf, swg: (N) FP32 row scales.
+//     a_log:   (N / DK) FP32 per-head log rate A;  dt_bias: (N) FP32 per-channel bias delta.
+//     lower_bound: lambda < 0.   b: (m, H = N / DK) BF16 beta logits, row stride b_stride.
+//     decay:   (m, N) FP32 log decay g;  og: (m, N) BF16 output gate;  beta: (m, H) FP32.
+//     f_out:   (m, N) BF16 f, or nullptr (f is normally consumed in the epilogue only).
+//     grid = (2 * kda_gates_blocks<N, WARPS>()): the first half computes f (+ decay), the second
+//     half o_g; block 0 also writes beta. block = (32 * WARPS); no shared memory.
+//     N % 16 == 0, K % 128 == 0, N % DK == 0.
+// Math
+//   s_a = max(max_k |x_k| / 448, 1e-12) per row (exact max), x_hat = sat_e4m3(clamp(x / s_a, +-448)).
+//   acc_n = sum_k W_hat[n,k] x_hat[k]: E4M3 x E4M3 products (exact in FP32) summed by the tensor
+//           core per 128-wide chunk (mma.sync m16n8k32 e4m3, four chained from zero; the order
+//           inside the tensor core is the hardware's, hence the GPU test's tolerance), chunk sums
+//           folded in FP32 in the wxay rowscale order (K = 128: the one chunk sum).
+//   f_n = rn_bf16(acc_n * (s_w[n] * s_a));  o_g likewise from x_g, W_g.
+//   decay_n = lambda * sigmoid(expf(A[n / DK]) * (f_n + delta_n)), sigmoid(z) = 1 / (1 + expf(-z))
+//   beta_h = 1 / (1 + __expf(-b_h))
+// Fragment mapping: the K axis is permuted identically for A (weights) and B (tokens), which leaves
+// the dot product unchanged: in chunk c, MMA j, lane (g = lane/4, t = lane%4) feeds logical k
+// 4t..4t+3 from bytes c*128 + 32t + 8j + 0..3 and logical k 16+4t.. from bytes +4..7. So each lane
+// reads 32 contiguous bytes of weight rows n0+g and n0+g+8 and the 32 values of token g at the same
+// offset: 16-byte loads, no shared memory.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+template <int N, int WARPS>
+__host__ __device__ constexpr int kda_gates_blocks() { return (N / 16 + WARPS - 1) / WARPS; }
+
+__device__ __forceinline__ void mma_e4m3_16x8x32(float (&d)[4], const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+    return (uint32_t)f32_to_e4m3(a) | ((uint32_t)f32_to_e4m3(b) << 8) |
+           ((uint32_t)f32_to_e4m3(c) << 16) | ((uint32_t)f32_to_e4m3(d) << 24);
+}
+
+// This lane's 32 values of chunk c of a token row (zeros for a padding token).
+__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* __restrict__ row, bool live,
+                                                 int c, int t, float (&v)[32]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const uint4 raw = live ? reinterpret_cast<const uint4*>(row + c * 128 + 32 * t)[w]
+                               : make_uint4(0, 0, 0, 0);
+        const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(p[e]);
+            v[8 * w + 2 * e] = f.x;
+            v[8 * w + 2 * e + 1] = f.y;
+        }
+    }
+}
+
+// Quantize this lane's 32 values per chunk of a token row: s_a from the exact row max (the four
+// lanes of a token combine their maxima), codes packed 4 per word, lowest k in the low byte. The
+// second pass re-reads the row (an L1 hit) rather than holding K values in registers.
+template <int K>
+__device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* __restrict__ row,
+                                                      bool live, int t, uint32_t (&xq)[K / 128][8]) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) {
+        float v[32];
+        load_token_slice(row, live, c, t, v);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float sa = fmaxf(amax / 448.0f, 1e-12f);
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) {
+        float v[32];
+        load_token_slice(row, live, c, t, v);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) xq[c][w] = e4m3x4(v[4 * w], v[4 * w + 1], v[4 * w + 2], v[4 * w + 3]);
+    }
+    return sa;
+}
+
+// acc[0..1]: row n0+g, tokens 2t, 2t+1; acc[2..3]: row n0+g+8, same tokens. Each 128-wide chunk
+// is one tensor-core sum (four chained MMAs from zero); chunks fold like the wxay rowscale order:
+// partial w (of 8) adds chunks w, w+8, ... in FP32 from +0, then the partials add in order.
+template <int K>
+__device__ __forceinline__ void gates_tile_mma(const uint8_t* __restrict__ w, int n0, int g, int t,
+                                               const uint32_t (&xq)[K / 128][8], float (&acc)[4]) {
+    constexpr int KC = K / 128, PARTS = KC < 8 ? KC : 8;
+    const uint4* lo = reinterpret_cast<const uint4*>(w + (long)(n0 + g) * K + 32 * t);
+    const uint4* hi = reinterpret_cast<const uint4*>(w + (long)(n0 + g + 8) * K + 32 * t);
+    float part[PARTS][4];
+#pragma unroll
+    for (int c = 0; c < KC; ++c) {
+        const uint4 l0 = lo[c * 8], l1 = lo[c * 8 + 1], h0 = hi[c * 8], h1 = hi[c * 8 + 1];
+        const uint32_t L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const uint32_t Hh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t a[4] = {L[2 * j], Hh[2 * j], L[2 * j + 1], Hh[2 * j + 1]};
+            mma_e4m3_16x8x32(cs, a, xq[c][2 * j], xq[c][2 * j + 1]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[c % 8][e] = (c < 8 ? 0.0f : part[c % 8][e]) + cs[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        acc[e] = part[0][e];
+#pragma unroll
+        for (int p = 1; p < PARTS; ++p) acc[e] = acc[e] + part[p][e];
+    }
+}
+
+template <int N, int K, int DK, int WARPS>
+__device__ __forceinline__ void
+kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+                             int x_stride, int m,
+                             const uint8_t* __restrict__ wf, const float* __restrict__ swf,
+                             const uint8_t* __restrict__ wg, const float* __restrict__ swg,
+                             const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                             float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
+                             float* __restrict__ decay, int decay_stride,
+                             __nv_bfloat16* __restrict__ og, int og_stride,
+                             float* __restrict__ beta, int beta_stride,
+                             __nv_bfloat16* __restrict__ f_out, int f_stride) {
+    static_assert(N % 16 == 0 && K % 128 == 0 && N % DK == 0, "16-row tiles, 128-wide K chunks");
+    constexpr int BLOCKS = kda_gates_blocks<N, WARPS>();
+    constexpr int H = N / DK;
+    if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
+        for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
+            const int r = i / H, h = i % H;
+            beta[(long)r * beta_stride + h] = 1.0f / (1.0f + __expf(-bf16_to_f32(b[(long)r * b_stride + h])));
+        }
+    const bool seg_f = blockIdx.x < BLOCKS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n0 = ((seg_f ? blockIdx.x : blockIdx.x - BLOCKS) * WARPS + warp) * 16;
+    if (n0 >= N) return;  // warp-uniform; no barriers follow
+    const int g = lane / 4, t = lane % 4;
+
+    uint32_t xq[K / 128][8];
+    const __nv_bfloat16* x = seg_f ? xf : xg;
+    const float sa_mine = quantize_token_slice<K>(x + (long)g * x_stride, g < m, t, xq);
+    float acc[4];
+    gates_tile_mma<K>(seg_f ? wf : wg, n0, g, t, xq, acc);
+
+    const float* sw = seg_f ? swf : swg;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int tok = 2 * t + (e & 1);
+        const int n = n0 + g + (e >> 1) * 8;
+        const float sa = __shfl_sync(0xffffffffu, sa_mine, 4 * tok);
+        if (tok >= m) continue;
+        const float fb = round_bf16(acc[e] * (sw[n] * sa));
+        if (seg_f) {
+            if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(fb);
+            const float z = expf(a_log[n / DK]) * (fb + dt_bias[n]);
+            decay[(long)tok * decay_stride + n] = lower_bound * (1.0f / (1.0f + expf(-z)));
+        } else {
+            og[(long)tok * og_stride + n] = f32_to_bf16(fb);
+        }
+    }
+}
+
+template <int N, int K, int DK, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+kda_gates_w8a8_k128_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+                         int x_stride, int m,
+                         const uint8_t* __restrict__ wf, const float* __restrict__ swf,
+                         const uint8_t* __restrict__ wg, const float* __restrict__ swg,
+                         const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                         float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
+                         float* __restrict__ decay, int decay_stride,
+                         __nv_bfloat16* __restrict__ og, int og_stride,
+                         float* __restrict__ beta, int beta_stride,
+                         __nv_bfloat16* __restrict__ f_out, int f_stride) {
+    kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
+        dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
+        f_out, f_stride);
+}
+
+}  // namespace kbp

@@ -1,0 +1,68 @@
+// kda_o_norm.cuh: KDA output norm, per-head RMSNorm times weight times sigmoid(gate)
+// (explain.families.kda_o_norm).
+//
+// Launch contract
+//   kbp::kda_o_norm_gated_bf16<H, D>(o, o_stride, gate, gate_stride, weight, weight_head_stride,
+//                                    eps, y, y_stride)
+//     o:      (rows, H*D) FP32 recurrence output, row stride o_stride (elements).
+//     gate:   (rows, H*D) BF16 output gate z, row stride gate_stride.
+//     weight: BF16 norm weight gamma: (D) shared by every head (weight_head_stride = 0) or (H, D)
+//             per head (weight_head_stride = D).
+//     y:      (rows, H*D) BF16, row stride y_stride.
+//     grid = (H, rows), block = (D): one block per (head, row), one thread per channel;
+//     static shared memory D/32 floats. D % 32 == 0, D <= 1024.
+// Math (FP32, no FMA contraction)
+//   ss = sum_j o_j^2: a shuffle-down tree within each warp (offsets 16..1), then the D/32 warp sums
+//        (zero-padded to 32 lanes) by a second shuffle-down tree in warp 0.
+//   r  = rsqrtf(ss / D + eps)
+//   y_i = rn_bf16(((o_i * r) * gamma_i) * sigmoid(z_i)),  sigmoid(z) = 1 / (1 + __expf(-z))
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+template <int H, int D>
+__device__ __forceinline__ void
+kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
+                          const __nv_bfloat16* __restrict__ gate, int gate_stride,
+                          const __nv_bfloat16* __restrict__ weight, int weight_head_stride, float eps,
+                          __nv_bfloat16* __restrict__ y, int y_stride) {
+    static_assert(D % 32 == 0 && D <= 1024, "whole warps, one block per head");
+    constexpr int WARPS = D / 32;
+    __shared__ float partial[WARPS];
+    __shared__ float total;
+
+    const int h = blockIdx.x, i = threadIdx.x;
+    const long row = blockIdx.y;
+    const float oi = o[row * o_stride + (long)h * D + i];
+    const float sq = warp_sum_down(oi * oi);
+    if (i % 32 == 0) partial[i / 32] = sq;
+    __syncthreads();
+    if (i < 32) {
+        const float t = warp_sum_down(i < WARPS ? partial[i] : 0.0f);
+        if (i == 0) total = t;
+    }
+    __syncthreads();
+    const float r = rsqrtf(total / (float)D + eps);
+    const float z = bf16_to_f32(gate[row * gate_stride + (long)h * D + i]);
+    const float sig = 1.0f / (1.0f + __expf(-z));
+    y[row * y_stride + (long)h * D + i] = f32_to_bf16(oi * r * bf16_to_f32(weight[h * weight_head_stride + i]) * sig);
+}
+
+template <int H, int D>
+__global__ void __launch_bounds__(D)
+kda_o_norm_gated_bf16(const float* __restrict__ o, int o_stride,
+                      const __nv_bfloat16* __restrict__ gate, int gate_stride,
+                      const __nv_bfloat16* __restrict__ weight, int weight_head_stride, float eps,
+                      __nv_bfloat16* __restrict__ y, int y_stride) {
+    kda_o_norm_gated_bf16_dev<H, D>(o, o_stride, gate, gate_stride, weight, weight_head_stride, eps,
+        y, y_stride);
+}
+
+}  // namespace kbp

@@ -1,0 +1,134 @@
+// kda_recurrent.cuh: Kimi Delta Attention decode recurrence, the gated delta rule with a per-key-
+// channel decay (explain.families.kda_recurrent), register-resident column form (_seq_reg).
+//
+// Launch contract
+//   kbp::kda_recurrent_decode_bf16_seq_reg<HK, HV, DK, DV, COLS, T>(
+//       q, k, v, qkv_stride, log_decay, decay_stride, beta, beta_stride, scale,
+//       state, state_stride, snap, out, out_stride)
+//     One sequence per grid row z, tokens t = 0..T-1 of that sequence at rows z*T + t of the inputs.
+//     q, k:      (rows, HK*DK) BF16 (L2-normalised by the conv), v: (rows, HV*DV) BF16; all three
+//                share the row stride qkv_stride (elements), e.g. q|k|v views of the packed conv row.
+//     log_decay: (rows, HV*DK) FP32, g_t (per v-head, per key channel), row stride decay_stride.
+//     beta:      (rows, HV) FP32 (already sigmoid-ed), row stride beta_stride.
+//     scale:     FP32 query scale 1/sqrt(DK), computed by the host.
+//     state:     (seqs, HV, DK, DV) FP32, S[h][i][j] with i the key channel and j the value column
+//                (row-major, value columns contiguous); sequence stride state_stride (elements).
+//                Updated in place to S_T.
+//     snap:      (seqs, T-1, HV, DK, DV) FP32 snapshots S_1..S_{T-1} (T > 1 only; else nullptr).
+//     out:       (rows, HV*DV) FP32, row stride out_stride.
+//     grid = (HV, DV / COLS, seqs), block = (COLS); static shared memory 3*DK floats.
+//     Head h reads q/k head h / (HV / HK). DV % COLS == 0, COLS % 32 == 0, T in [1, 4].
+// Math (each thread owns one value column j of one head, held in DK registers across tokens)
+//   pass 1: s_i = expf(g_i) * S[i][j];  kv = sum_{i=0..DK-1} s_i * k_i   (in order, from the first term)
+//           u = beta * (v_j - kv)
+//   pass 2: S'[i][j] = s_i + k_i * u;   o_j = sum_{i} S'[i][j] * (q_i * scale)  (in order)
+//   FP32 throughout, no FMA contraction; q, k, v widened exactly from BF16; no state clamp.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+// Stage this token's per-key-channel factors in shared memory: e^g, k and the pre-scaled query.
+template <int DK, int COLS>
+__device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* __restrict__ q,
+                                                const __nv_bfloat16* __restrict__ k,
+                                                const float* __restrict__ g, float scale,
+                                                float* s_decay, float* s_k, float* s_q) {
+    for (int i = threadIdx.x; i < DK; i += COLS) {
+        s_decay[i] = expf(g[i]);
+        s_k[i] = bf16_to_f32(k[i]);
+        s_q[i] = bf16_to_f32(q[i]) * scale;
+    }
+}
+
+template <int HK, int HV, int DK, int DV, int COLS, int T>
+__device__ __forceinline__ void
+kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* __restrict__ q,
+                                      const __nv_bfloat16* __restrict__ k,
+                                      const __nv_bfloat16* __restrict__ v, int qkv_stride,
+                                      const float* __restrict__ log_decay, int decay_stride,
+                                      const float* __restrict__ beta, int beta_stride, float scale,
+                                      float* __restrict__ state, long state_stride,
+                                      float* __restrict__ snap, float* __restrict__ out, int out_stride) {
+    static_assert(HV % HK == 0, "each q/k head serves a whole group of value heads");
+    static_assert(DV % COLS == 0 && COLS % 32 == 0, "whole warps of value columns");
+    static_assert(T >= 1 && T <= 4, "one to four tokens per launch");
+    static_assert(DK % 4 == 0, "the staged factors are read as float4");
+    __shared__ __align__(16) float s_decay[DK], s_k[DK], s_q[DK];
+
+    const int h = blockIdx.x, hk = h / (HV / HK);
+    const int j = blockIdx.y * COLS + threadIdx.x;
+    const long seq = blockIdx.z;
+    float* col = state + seq * state_stride + (long)h * DK * DV + j;
+
+    float S[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) S[i] = col[(long)i * DV];
+
+#pragma unroll 1
+    for (int t = 0; t < T; ++t) {
+        const long row = seq * T + t;
+        const long qk_off = row * qkv_stride + (long)hk * DK;
+        if (t > 0) __syncthreads();  // every thread has finished reading the previous token's factors
+        kda_stage_token<DK, COLS>(q + qk_off, k + qk_off, log_decay + row * decay_stride + (long)h * DK,
+                                  scale, s_decay, s_k, s_q);
+        __syncthreads();
+        float kv;  // the column sums start from their first term (no +0.0: bit-exact signed zeros)
+#pragma unroll
+        for (int i4 = 0; i4 < DK / 4; ++i4) {  // 16-byte shared loads: fewer live registers
+            const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
+            const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
+            const float dd[4] = {d4.x, d4.y, d4.z, d4.w}, kk[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                S[4 * i4 + e] = dd[e] * S[4 * i4 + e];
+                const float p = S[4 * i4 + e] * kk[e];
+                kv = (i4 == 0 && e == 0) ? p : kv + p;
+            }
+        }
+        const float vj = bf16_to_f32(v[row * qkv_stride + (long)h * DV + j]);
+        const float u = beta[row * beta_stride + h] * (vj - kv);
+        float o;
+#pragma unroll
+        for (int i4 = 0; i4 < DK / 4; ++i4) {
+            const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
+            const float4 q4 = reinterpret_cast<const float4*>(s_q)[i4];
+            const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, qq[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                S[4 * i4 + e] = S[4 * i4 + e] + kk[e] * u;
+                const float p = S[4 * i4 + e] * qq[e];
+                o = (i4 == 0 && e == 0) ? p : o + p;
+            }
+        }
+        out[row * out_stride + (long)h * DV + j] = o;
+        if (t + 1 < T) {
+            float* sc = snap + (seq * (T - 1) + t) * (long)HV * DK * DV + (long)h * DK * DV + j;
+#pragma unroll
+            for (int i = 0; i < DK; ++i) sc[(long)i * DV] = S[i];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[(long)i * DV] = S[i];
+}
+
+template <int HK, int HV, int DK, int DV, int COLS, int T>
+__global__ void __launch_bounds__(COLS)
+kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* __restrict__ q,
+                                  const __nv_bfloat16* __restrict__ k,
+                                  const __nv_bfloat16* __restrict__ v, int qkv_stride,
+                                  const float* __restrict__ log_decay, int decay_stride,
+                                  const float* __restrict__ beta, int beta_stride, float scale,
+                                  float* __restrict__ state, long state_stride,
+                                  float* __restrict__ snap, float* __restrict__ out, int out_stride) {
+    kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,
+        decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);
+}
+
+}  // namespace kbp

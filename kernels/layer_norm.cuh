@@ -1,0 +1,90 @@
+// layer_norm.cuh: BF16 LayerNorm with weight and bias, two-pass (explain.families.layer_norm).
+//
+// Launch contract
+//   kbp::layer_norm_bf16<D, THREADS>(x, x_stride, weight, bias, eps, y, y_stride)
+//     x: (rows, D) BF16, row stride x_stride (elements); y: (rows, D) BF16, row stride y_stride;
+//     y may be x (the family writes in place: every read of x precedes the first barrier).
+//     weight, bias: (D) BF16.
+//     grid = (rows), block = (THREADS), THREADS a power of two in [32, 1024];
+//     static shared memory THREADS floats.
+// Math (FP32, no FMA contraction)
+//   Both sums: thread t adds elements t, t + THREADS, ... in order (from its first element), then a shared-memory
+//   halving tree over the THREADS partials (offsets THREADS/2 .. 1)
+//   (kbpc.reference.f32ops.strided_tree_sum).
+//   mu = sum(x) / D;  var = sum((x - mu)^2) / D (biased, two-pass);  r = rsqrtf(var + eps)
+//   y_i = rn_bf16(((x_i - mu) * r) * gamma_i + beta_i)
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+// Halving tree over one partial per thread; every thread returns the total. The leading barrier
+// lets the buffer be reused by consecutive calls.
+template <int THREADS>
+__device__ __forceinline__ float ln_tree_sum(float partial, float* buf) {
+    __syncthreads();
+    buf[threadIdx.x] = partial;
+    __syncthreads();
+#pragma unroll
+    for (int off = THREADS / 2; off > 0; off >>= 1) {
+        if (threadIdx.x < off) buf[threadIdx.x] = buf[threadIdx.x] + buf[threadIdx.x + off];
+        __syncthreads();
+    }
+    return buf[0];
+}
+
+template <int D, int THREADS>
+__device__ __forceinline__ void
+layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+                    const __nv_bfloat16* __restrict__ bias, float eps, __nv_bfloat16* y, long y_stride) {
+    static_assert(THREADS >= 32 && THREADS <= 1024 && (THREADS & (THREADS - 1)) == 0,
+                  "the halving tree needs a power-of-two thread count");
+    static_assert(D > 0, "non-empty rows");
+    constexpr int PER_THREAD = (D + THREADS - 1) / THREADS;
+    __shared__ float buf[THREADS];
+
+    const long r = blockIdx.x;
+    float v[PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        v[k] = i < D ? bf16_to_f32(x[r * x_stride + i]) : 0.0f;
+    }
+    float sum = v[0];  // from the first element (padding adds +0.0, exactly)
+#pragma unroll
+    for (int k = 1; k < PER_THREAD; ++k) sum = sum + v[k];
+    const float mu = ln_tree_sum<THREADS>(sum, buf) / (float)D;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i < D) {
+            const float d = v[k] - mu;
+            sq = sq + d * d;
+        }
+    }
+    const float var = ln_tree_sum<THREADS>(sq, buf) / (float)D;
+    const float rr = rsqrtf(var + eps);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i < D)
+            y[r * y_stride + i] = f32_to_bf16((v[k] - mu) * rr * bf16_to_f32(weight[i]) +
+                                              bf16_to_f32(bias[i]));
+    }
+}
+
+template <int D, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+layer_norm_bf16(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+                const __nv_bfloat16* __restrict__ bias, float eps, __nv_bfloat16* y, long y_stride) {
+    layer_norm_bf16_dev<D, THREADS>(x, x_stride, weight, bias, eps, y, y_stride);
+}
+
+}  // namespace kbp

@@ -1,0 +1,338 @@
+// w4a16_gemv.cuh: NVFP4-weight x BF16-activation one-row GEMV on CUDA cores (family w4a16_gemv).
+//
+// Weight format (nvfp4/g16, plain layout): codes (N, K/2) uint8, two E2M1 codes per byte, the even
+// element in the low nibble; scales (N, K/16) E4M3 bytes; one FP32 tensor scale s_g.
+// Requirements: K % 16 == 0 (template), codes rows 8-byte aligned (K/2 % 8 == 0 holds), x 16-byte
+// aligned. Outputs BF16, rounded once (RNE).
+//
+// Entries (256-thread CTAs, 64 threads per output, 16 outputs per CTA: each 64-thread group plays
+// "thread l" for W4A16_ROWS = 4 rows, so x is loaded once per 4 rows; no dynamic smem):
+//   w4a16_gemv<K>(codes, scales, s_g, x, y, N)              grid = w4a16_ctas(N) = ceil(N/16)
+//   w4a16_gemv_seg<K>(table, nseg, x)                        grid = sum_s w4a16_ctas(n_s)
+//       up to W4A16_MAX_SEGS projections sharing x in one launch (w4a16_gemv_pipe_m1's groups,
+//       e.g. a KDA layer's q,k,v,f_a,b,g_a); `table` is a device array of W4A16Seg (see below,
+//       host side: kbp test/bench code packs it with numpy). Each output has w4a16_gemv's bytes.
+//   w4a16_gemv_silu_input<K>(codes, scales, s_g, g, u, y, N) grid = w4a16_ctas(N); K <= 10240
+//       (x is computed once per CTA into 4K bytes of static shared memory)
+//       the input is x_k = silu(g_k) * u_k in FP32 (g/(1+expf(-g)) then * u), never rounded,
+//       with the 8-value walk (see w4a16_silu_partial). expf is CUDA's (<= 2 ulp), so this entry
+//       matches the reference within the GPU test's tolerance; the others are bit-exact.
+//   w4a16_gemv_seg_list<K, NSEG>(segs, x)                    grid = sum_s w4a16_ctas(n_s)
+//       w4a16_gemv_seg with the table passed by value (a __grid_constant__ W4A16SegList<NSEG>):
+//       it lives in the launch's parameter space (device constant memory, captured into a CUDA
+//       graph node with the launch), so generated code needs no host packing or table buffer.
+//   w4a16_gemv_silu_clamp_input<K>(codes, scales, s_g, g, u, L, y, N)  as w4a16_gemv_silu_input
+//       on the clamped inputs g^ = fminf(g, L), u^ = fminf(fmaxf(u, -L), L) (glm_swiglu_clamp's
+//       exact clamps, kept in FP32): x_k = silu(g^_k) * u^_k.
+//   w4a16_shared_pair<K, I>(phase, gu codes/scales/s_g, x, dn codes/scales/s_g, L, y, N)
+//       a shared expert's two GEMVs with the [g | u] row (2I BF16) in a device scratch private to
+//       the TU that instantiates it: phase 0 (grid = w4a16_ctas(2I)) is w4a16_gemv<K> of x into
+//       the scratch; phase 1 (grid = w4a16_ctas(N)) is w4a16_gemv_silu_clamp_input<I> of it into
+//       y. Launch phase 0 then phase 1 on one stream; launches sharing a TU must not overlap.
+// Math (16-value chunk walk; explain.families.w4a16_gemv): thread l of an output's 64 takes the
+//   16-value chunks j = l, l+64, ... in increasing order; per chunk p = +0 then
+//   p = fma(q_i, x_i, p) for i = 0..15, and acc = fma(p, f32(s_g * s_nj), acc); each warp reduces
+//   with the shuffle tree (offsets 16..1) and y = rn_bf16(P0 + P1).
+// Speed: each thread issues its 8-byte code and scale loads (W4A16_BATCH chunks x 4 rows) before the
+//   arithmetic; E2M1 codes are decoded by bit placement (no table lookups). Measured on H200 this
+//   is ALU-bound (~30% of copy bandwidth): the exact FMA chain needs decode + FMA per value.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper (what the GPU tests do).
+#pragma once
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+constexpr int W4A16_MAX_SEGS = 6;
+constexpr int W4A16_BATCH = 4;  // chunks per row a thread keeps in flight
+constexpr int W4A16_ROWS = 4;   // output rows per 64-thread group (16 per CTA)
+__host__ __device__ constexpr int w4a16_ctas(int n) { return (n + 4 * W4A16_ROWS - 1) / (4 * W4A16_ROWS); }
+
+// One projection of a segmented launch, as laid out in device memory (32 bytes, numpy-packable:
+// three uint64 pointers, float32 s_g, int32 n).
+struct W4A16Seg {
+    const uint8_t* codes;
+    const uint8_t* scales;
+    __nv_bfloat16* y;
+    float gscale;
+    int n;
+};
+static_assert(sizeof(W4A16Seg) == 32, "W4A16Seg is packed by the host as 32 bytes");
+
+// E2M1 value of the nibble at bit `sh` of w, exactly: the 3 magnitude bits placed at FP32 bits
+// 22..24 read as 2^-126 * q for every code (subnormals included), so one exact multiply by 2^126
+// gives q; the sign bit goes to bit 31.
+__device__ __forceinline__ float e2m1_at(uint32_t w, int sh) {
+    uint32_t c = w >> sh;
+    return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 0x1p126f;
+}
+
+// p = fma chain over the 16 (code, x) pairs of one chunk, starting from +0.
+struct X16 { uint4 a, b; };
+__device__ __forceinline__ float w4a16_chunk16(uint2 codes, const X16& x) {
+    const uint32_t xv[8] = {x.a.x, x.a.y, x.a.z, x.a.w, x.b.x, x.b.y, x.b.z, x.b.w};
+    float p = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        uint32_t w = i < 8 ? codes.x : codes.y;
+        uint32_t xb = xv[i >> 1];
+        float xi = __uint_as_float((i & 1) ? (xb & 0xffff0000u) : (xb << 16));
+        p = __fmaf_rn(e2m1_at(w, 4 * (i & 7)), xi, p);
+    }
+    return p;
+}
+
+// Thread l's accumulators for W4A16_ROWS consecutive output rows (rows n0.. with `valid` of them
+// real) over its chunks j = l, l+64, ...: each x chunk is loaded and widened once for all rows.
+template <int K>
+__device__ __forceinline__ void w4a16_rows_partial(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                                   float gscale, const uint4* __restrict__ x, int l, int valid,
+                                                   float (&acc)[W4A16_ROWS]) {
+    constexpr int NC = K / 16, PER = (NC + 63) / 64, R = W4A16_ROWS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int b0 = 0; b0 < PER; b0 += W4A16_BATCH) {
+        uint2 c[W4A16_BATCH][R];
+        uint8_t s[W4A16_BATCH][R];
+#pragma unroll
+        for (int t = 0; t < W4A16_BATCH; ++t) {
+            const int j = l + 64 * (b0 + t);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (b0 + t < PER && j < NC && r < valid) {
+                    c[t][r] = __ldcs(reinterpret_cast<const uint2*>(codes + (size_t)r * (K / 2)) + j);
+                    s[t][r] = __ldcs(scales + (size_t)r * (K / 16) + j);
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < W4A16_BATCH; ++t) {
+            const int j = l + 64 * (b0 + t);
+            if (b0 + t < PER && j < NC) {
+                const X16 xv{__ldg(x + 2 * j), __ldg(x + 2 * j + 1)};
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < valid) {
+                        float p = w4a16_chunk16(c[t][r], xv);
+                        acc[r] = __fmaf_rn(p, __fmul_rn(gscale, e4m3_to_f32(s[t][r])), acc[r]);
+                    }
+            }
+        }
+    }
+}
+
+// Two-warp finish: shuffle tree per warp, then P0 + P1 -> BF16, for each of the group's rows.
+__device__ __forceinline__ void w4a16_finish(float (&acc)[W4A16_ROWS], int grp, int l, int valid,
+                                             __nv_bfloat16* y, float (*part)[W4A16_ROWS]) {
+#pragma unroll
+    for (int r = 0; r < W4A16_ROWS; ++r) {
+        acc[r] = warp_sum_down(acc[r]);
+        if (l == 32) part[grp][r] = acc[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < W4A16_ROWS; ++r)
+        if (l == 0 && r < valid) y[r] = f32_to_bf16(__fadd_rn(acc[r], part[grp][r]));
+}
+
+// One CTA's share of a projection: 4 groups of 64 threads, W4A16_ROWS rows each.
+template <int K>
+__device__ __forceinline__ void w4a16_cta(const uint8_t* codes, const uint8_t* scales, float gscale,
+                                          const __nv_bfloat16* x, __nv_bfloat16* y, int N, int cta) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    __shared__ float part[4][W4A16_ROWS];
+    const int grp = threadIdx.x >> 6, l = threadIdx.x & 63;
+    const int n0 = (cta * 4 + grp) * W4A16_ROWS;
+    const int valid = max(0, min(W4A16_ROWS, N - n0));
+    float acc[W4A16_ROWS];
+    w4a16_rows_partial<K>(codes + (size_t)n0 * (K / 2), scales + (size_t)n0 * (K / 16), gscale,
+                          reinterpret_cast<const uint4*>(x), l, valid, acc);
+    w4a16_finish(acc, grp, l, valid, y + n0, part);
+}
+
+template <int K>
+__device__ __forceinline__ void w4a16_gemv_dev(const uint8_t* __restrict__ codes,
+                                                  const uint8_t* __restrict__ scales, float gscale,
+                                                  const __nv_bfloat16* __restrict__ x,
+                                                  __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_cta<K>(codes, scales, gscale, x, y, N, blockIdx.x);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* __restrict__ codes,
+                                                  const uint8_t* __restrict__ scales, float gscale,
+                                                  const __nv_bfloat16* __restrict__ x,
+                                                  __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_gemv_dev<K>(codes, scales, gscale, x, y, N);
+}
+
+template <int K>
+__device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* __restrict__ table, int nseg,
+                                                      const __nv_bfloat16* __restrict__ x) {
+    // Find this CTA's segment: CTAs are handed out segment by segment, w4a16_ctas(n) each.
+    int b = blockIdx.x, s = 0;
+    while (s < nseg - 1 && b >= w4a16_ctas(table[s].n)) { b -= w4a16_ctas(table[s].n); ++s; }
+    const W4A16Seg seg = table[s];
+    w4a16_cta<K>(seg.codes, seg.scales, seg.gscale, x, seg.y, seg.n, b);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* __restrict__ table, int nseg,
+                                                      const __nv_bfloat16* __restrict__ x) {
+    w4a16_gemv_seg_dev<K>(table, nseg, x);
+}
+
+// The segment table as a kernel parameter (NSEG <= W4A16_MAX_SEGS: 4 KB parameter limit to spare).
+template <int NSEG>
+struct W4A16SegList {
+    W4A16Seg seg[NSEG];
+};
+
+template <int K, int NSEG>
+__global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
+                                                           const __nv_bfloat16* __restrict__ x) {
+    static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
+    w4a16_gemv_seg_dev<K>(segs.seg, NSEG, x);
+}
+
+// SiLU-input form, 8-value walk: x_k = f32(f32(g / f32(1 + expf(-g))) * u); w_k = f32(q * f32(s_g *
+// s_nj)); thread l takes the 8-element vectors v = l, l+64, ...; acc = fma(x_k, w_k, acc).
+__device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+// Thread l's accumulators for the group's rows; xs = the FP32 input staged in shared memory.
+template <int K>
+__device__ __forceinline__ void w4a16_silu_rows(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                                float gscale, const float* xs, int l, int valid,
+                                                float (&acc)[W4A16_ROWS]) {
+    constexpr int NV = K / 8, PER = (NV + 63) / 64, R = W4A16_ROWS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int b0 = 0; b0 < PER; b0 += W4A16_BATCH) {
+        uint32_t c[W4A16_BATCH][R];
+        uint8_t s[W4A16_BATCH][R];
+#pragma unroll
+        for (int t = 0; t < W4A16_BATCH; ++t) {
+            const int v = l + 64 * (b0 + t);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (b0 + t < PER && v < NV && r < valid) {
+                    c[t][r] = __ldcs(reinterpret_cast<const uint32_t*>(codes + (size_t)r * (K / 2)) + v);
+                    s[t][r] = __ldcs(scales + (size_t)r * (K / 16) + (v >> 1));
+                }
+        }
+        if (b0 == 0) __syncthreads();  // xs staged (the first loads are already in flight)
+#pragma unroll
+        for (int t = 0; t < W4A16_BATCH; ++t) {
+            const int v = l + 64 * (b0 + t);
+            if (b0 + t < PER && v < NV) {
+                const float4 xa = reinterpret_cast<const float4*>(xs)[2 * v];
+                const float4 xb = reinterpret_cast<const float4*>(xs)[2 * v + 1];
+                const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < valid) {
+                        const float sc = __fmul_rn(gscale, e4m3_to_f32(s[t][r]));
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+                            acc[r] = __fmaf_rn(xv[i], __fmul_rn(e2m1_at(c[t][r], 4 * i), sc), acc[r]);
+                    }
+            }
+        }
+    }
+}
+
+// CLAMP: g^ = fminf(g, L), u^ = fminf(fmaxf(u, -L), L) first (exact; NaN -> the other operand).
+template <int K, bool CLAMP>
+__device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* __restrict__ codes,
+                                                      const uint8_t* __restrict__ scales, float gscale,
+                                                      const __nv_bfloat16* __restrict__ g,
+                                                      const __nv_bfloat16* __restrict__ u, float limit,
+                                                      __nv_bfloat16* __restrict__ y, int N) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    static_assert(K * 4 <= 40960, "the FP32 input is staged in static shared memory");
+    __shared__ __align__(16) float xs[K];
+    __shared__ float part[4][W4A16_ROWS];
+    for (int k = threadIdx.x; k < K; k += 256) {  // x_k = silu(g_k) * u_k, once per CTA
+        float gk = __bfloat162float(g[k]), uk = __bfloat162float(u[k]);
+        if (CLAMP) { gk = fminf(gk, limit); uk = fminf(fmaxf(uk, -limit), limit); }
+        xs[k] = __fmul_rn(silu_f32(gk), uk);
+    }
+    const int grp = threadIdx.x >> 6, l = threadIdx.x & 63;
+    const int n0 = (blockIdx.x * 4 + grp) * W4A16_ROWS;
+    const int valid = max(0, min(W4A16_ROWS, N - n0));
+    float acc[W4A16_ROWS];
+    w4a16_silu_rows<K>(codes + (size_t)n0 * (K / 2), scales + (size_t)n0 * (K / 16), gscale, xs, l, valid, acc);
+    w4a16_finish(acc, grp, l, valid, y + n0, part);
+}
+
+template <int K>
+__device__ __forceinline__ void w4a16_gemv_silu_input_dev(const uint8_t* __restrict__ codes,
+                                                          const uint8_t* __restrict__ scales, float gscale,
+                                                          const __nv_bfloat16* __restrict__ g,
+                                                          const __nv_bfloat16* __restrict__ u,
+                                                          __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_silu_input_impl<K, false>(codes, scales, gscale, g, u, 0.0f, y, N);
+}
+
+template <int K>
+__device__ __forceinline__ void w4a16_gemv_silu_clamp_input_dev(const uint8_t* __restrict__ codes,
+                                                                const uint8_t* __restrict__ scales, float gscale,
+                                                                const __nv_bfloat16* __restrict__ g,
+                                                                const __nv_bfloat16* __restrict__ u, float limit,
+                                                                __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_silu_input_impl<K, true>(codes, scales, gscale, g, u, limit, y, N);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t* __restrict__ codes,
+                                                                   const uint8_t* __restrict__ scales, float gscale,
+                                                                   const __nv_bfloat16* __restrict__ g,
+                                                                   const __nv_bfloat16* __restrict__ u, float limit,
+                                                                   __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_gemv_silu_clamp_input_dev<K>(codes, scales, gscale, g, u, limit, y, N);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* __restrict__ codes,
+                                                             const uint8_t* __restrict__ scales, float gscale,
+                                                             const __nv_bfloat16* __restrict__ g,
+                                                             const __nv_bfloat16* __restrict__ u,
+                                                             __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_gemv_silu_input_dev<K>(codes, scales, gscale, g, u, y, N);
+}
+
+// ------------------------------------------------------------------ shared expert pair
+
+namespace {  // internal linkage: each TU (kernel instance) owns its scratch
+template <int N>
+__device__ __nv_bfloat16 w4a16_pair_scratch[N];
+}  // namespace
+
+template <int K, int I>
+__device__ __forceinline__ void w4a16_shared_pair_dev(int phase, const uint8_t* __restrict__ gu_codes,
+                                                      const uint8_t* __restrict__ gu_scales, float gu_gscale,
+                                                      const __nv_bfloat16* __restrict__ x,
+                                                      const uint8_t* __restrict__ dn_codes,
+                                                      const uint8_t* __restrict__ dn_scales, float dn_gscale,
+                                                      float limit, __nv_bfloat16* __restrict__ y, int N) {
+    __nv_bfloat16* gu = w4a16_pair_scratch<2 * I>;
+    if (phase == 0)  // uniform per launch
+        w4a16_cta<K>(gu_codes, gu_scales, gu_gscale, x, gu, 2 * I, blockIdx.x);
+    else
+        w4a16_silu_input_impl<I, true>(dn_codes, dn_scales, dn_gscale, gu, gu + I, limit, y, N);
+}
+
+template <int K, int I>
+__global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_t* __restrict__ gu_codes,
+                                                         const uint8_t* __restrict__ gu_scales, float gu_gscale,
+                                                         const __nv_bfloat16* __restrict__ x,
+                                                         const uint8_t* __restrict__ dn_codes,
+                                                         const uint8_t* __restrict__ dn_scales, float dn_gscale,
+                                                         float limit, __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_shared_pair_dev<K, I>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales, dn_gscale,
+                                limit, y, N);
+}
+
+}  // namespace kbp

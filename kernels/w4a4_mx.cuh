@@ -1,0 +1,272 @@
+// w4a4_mx.cuh: W4A4 one-row GEMV with per-row NVFP4 activations (family w4a4_mx).
+//
+// Formats (plain layout, as the checkpoint stores them): weight codes (N, K/2) uint8 (two E2M1 per
+// byte, even element in the low nibble), scales (N, K/16) E4M3, FP32 tensor scale s_g; activation
+// row: codes (K/2), scales (K/16), global g_t (FP32) -- what w4a4_quant_rows writes.
+//
+// Entries:
+//   w4a4_quant_rows<K>(x, a_codes, a_scales, a_g)    grid = m rows, block 256, no smem args
+//       x (m, K) BF16 -> codes (m, K/2), scales (m, K/16), g (m,). K % 16 == 0.
+//   w4a4_gemv<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
+//       grid = N/16, block 256; N % 16 == 0, K % 128 == 0, 16-byte aligned rows. One activation row.
+// Math (explain.families.w4a4_mx): quantization exactly as the numerics text (order in
+//   kbpc/reference/formats.quantize_nvfp4_rows). Product: a CTA owns 16 weight rows; warp w takes
+//   the 128-wide chunks c = w (mod 8) in increasing order; each chunk sum S_c of the block-scaled
+//   products (q s^w)(a s^a) is formed EXACTLY and folded with one rounding acc = f32(acc + S_c); the
+//   8 warp partials are added in warp order, times f32(g_t * s_g), rounded once to BF16.
+//   Bit-exact with kbpc.reference.w4a4_mx on every architecture.
+// How (no FP4 MMA on sm_90): E2M1 values times 2 are the integers {0,1,2,3,4,6,8,12}; PRMT turns
+//   4 codes into 4 magnitude bytes (its sign-replicate mode zeroes the bytes of the other sign), so
+//   two DP4As give the exact integer dot product of a 16-value group; times the exact FP32 scale
+//   product s^w s^a and summed over the chunk in FP64 this is exact (terms are multiples of 2^-20
+//   below 2^30). The block-scaled FP4 MMA of sm_120/sm_121 (kbp::mma_mxf4nvf4_m16n8k64 below) is
+//   kept as a building block; the GEMVs use the exact path everywhere because the MMA's internal
+//   accumulation is unspecified (and sm_12x parts are far more bandwidth- than compute-bound).
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper (what the GPU tests do).
+#pragma once
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+constexpr uint32_t E2M1X2_LO = 0x03020100u;  // 2*|q| for magnitude codes 0..3
+constexpr uint32_t E2M1X2_HI = 0x0C080604u;  // 2*|q| for magnitude codes 4..7
+
+// PTX prmt in its default mode: selector bit 3 replicates the chosen byte's sign bit instead
+// (CUDA's __byte_perm is not documented to keep that bit, so the instruction is spelled out).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+// Bytes 2|q| of the 4 codes in sel's low 16 bits: positive codes only, negative ones give 0
+// (their set sign bit selects the replicate mode, and every table byte is below 0x80).
+__device__ __forceinline__ uint32_t e2m1x2_pos(uint32_t sel) { return prmt(E2M1X2_LO, E2M1X2_HI, sel); }
+// Same for the negative codes (sign bits flipped first).
+__device__ __forceinline__ uint32_t e2m1x2_neg(uint32_t sel) { return prmt(E2M1X2_LO, E2M1X2_HI, sel ^ 0x8888u); }
+
+// Signed bytes 2q of the 4 codes in sel's low 16 bits (activations, decoded once per CTA).
+__device__ __forceinline__ uint32_t e2m1x2_signed(uint32_t sel) { return __vsub4(e2m1x2_pos(sel), e2m1x2_neg(sel)); }
+
+// 4 * sum of the 8 products q*a of one code word (8 weight codes) with 8 signed activation bytes.
+__device__ __forceinline__ int e2m1_dot8(uint32_t w, uint32_t a_lo, uint32_t a_hi, int acc) {
+    uint32_t hi = w >> 16;
+    acc = __dp4a((int)e2m1x2_pos(w), (int)a_lo, acc);
+    acc -= __dp4a((int)e2m1x2_neg(w), (int)a_lo, 0);
+    acc = __dp4a((int)e2m1x2_pos(hi), (int)a_hi, acc);
+    acc -= __dp4a((int)e2m1x2_neg(hi), (int)a_hi, 0);
+    return acc;
+}
+
+// f32(acc + s) with one rounding, s an exact FP64 value (round-to-odd in FP64 first, as
+// kbpc.reference.gemv_order.add_f32: 53 >= 24 + 2 makes the second rounding correct).
+__device__ __forceinline__ float add_f32_exact(float acc, double s) {
+    double a = (double)acc, t = __dadd_rn(a, s);
+    double bv = __dsub_rn(t, a);
+    double err = __dadd_rn(__dsub_rn(a, __dsub_rn(t, bv)), __dsub_rn(s, bv));
+    long long bits = __double_as_longlong(t);
+    if (err != 0.0 && (bits & 1) == 0) bits += ((err > 0.0) == (t > 0.0)) ? 1 : -1;
+    return __double2float_rn(__longlong_as_double(bits));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL)
+// Block-scaled FP4 MMA (sm_120a/sm_121a): d += (A 16x64 E2M1, 4 UE4M3 scales per row) x (B 64x8).
+__device__ __forceinline__ void mma_mxf4nvf4_m16n8k64(float (&d)[4], const uint32_t (&a)[4],
+                                                      const uint32_t (&b)[2], uint32_t sa, uint32_t sb) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3}, %10, {%11,%12}, %13, {%11,%12};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(sa),
+          "h"((uint16_t)0), "h"((uint16_t)0), "r"(sb));
+}
+#endif
+
+// ------------------------------------------------------------------ activation quantization
+
+// Quantize one row held as (GPT groups per thread) x 16 FP32 values; g is the row's global scale.
+__device__ __forceinline__ void nvfp4_quant_group(const float (&v)[16], float g, float inv_g,
+                                                  uint8_t* codes, uint8_t* scale) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
+    uint8_t sc = f32_to_e4m3(__fmul_rn(__fdiv_rn(m, 6.0f), inv_g));
+    float s = e4m3_to_f32(sc), denom = __fmul_rn(s, g);
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        uint32_t c = s == 0.0f ? 0u : f32_to_e2m1(__fdiv_rn(v[i], denom));
+        w[i >> 3] |= c << (4 * (i & 7));
+    }
+    *reinterpret_cast<uint2*>(codes) = make_uint2(w[0], w[1]);
+    *scale = sc;
+}
+
+// Block-wide max of non-negative values (exact in any order); every thread gets the result.
+__device__ __forceinline__ float block_max256(float m, float* red) {
+    m = warp_max_xor(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) m = fmaxf(m, red[i]);
+    return m;
+}
+
+__device__ __forceinline__ void bf16x16_load(const __nv_bfloat16* p, float (&v)[16]) {
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+    uint4 a = __ldg(q), b = __ldg(q + 1);
+    const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) { v[2 * i] = __uint_as_float(u[i] << 16); v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+}
+
+// Quantize a row with global scale g (static) or the row's dynamic one (g < 0 on entry).
+template <int K>
+__device__ __forceinline__ void nvfp4_quant_row(const __nv_bfloat16* x, uint8_t* codes, uint8_t* scales,
+                                                float* g_out, float g_static) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    constexpr int NG = K / 16, GPT = (NG + 255) / 256;
+    __shared__ float red[8];
+    float v[GPT][16], m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GPT; ++j) {
+        int grp = threadIdx.x + 256 * j;
+        if (grp < NG) bf16x16_load(x + 16 * grp, v[j]);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) m = grp < NG ? fmaxf(m, fabsf(v[j][i])) : m;
+    }
+    float g = g_static;
+    if (g < 0.0f) {
+        float amax = block_max256(m, red);
+        g = amax > 0.0f ? __fdiv_rn(amax, 6.0f * 448.0f) : 1.0f;
+    }
+    const float inv_g = __fdiv_rn(1.0f, g);
+#pragma unroll
+    for (int j = 0; j < GPT; ++j) {
+        int grp = threadIdx.x + 256 * j;
+        if (grp < NG) nvfp4_quant_group(v[j], g, inv_g, codes + 8 * grp, scales + grp);
+    }
+    if (threadIdx.x == 0) *g_out = g;
+}
+
+template <int K>
+__device__ __forceinline__ void w4a4_quant_rows_dev(const __nv_bfloat16* __restrict__ x,
+                                                       uint8_t* __restrict__ a_codes,
+                                                       uint8_t* __restrict__ a_scales,
+                                                       float* __restrict__ a_g) {
+    const size_t r = blockIdx.x;
+    nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, -1.0f);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* __restrict__ x,
+                                                       uint8_t* __restrict__ a_codes,
+                                                       uint8_t* __restrict__ a_scales,
+                                                       float* __restrict__ a_g) {
+    w4a4_quant_rows_dev<K>(x, a_codes, a_scales, a_g);
+}
+
+// ------------------------------------------------------------------ the product
+
+// Shared staging of one activation row: signed bytes 2a (K) and decoded group scales (K/16).
+template <int K>
+struct W4A4Smem {
+    uint4 a[K / 16];
+    float s[K / 16];
+    float part[8][16];
+};
+
+template <int K>
+__device__ __forceinline__ void w4a4_stage_act(const uint8_t* a_codes, const uint8_t* a_scales,
+                                               W4A4Smem<K>& sm) {
+    const uint2* c = reinterpret_cast<const uint2*>(a_codes);
+    for (int j = threadIdx.x; j < K / 16; j += 256) {
+        uint2 w = __ldg(c + j);
+        sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y),
+                             e2m1x2_signed(w.y >> 16));
+        sm.s[j] = e4m3_to_f32(__ldg(a_scales + j));
+    }
+}
+
+// Warp-level chunk walk for 16 rows: lane = 2*r + h takes row r's groups 4h..4h+3 of each chunk.
+// Returns the row's FP32 accumulator (both lanes of a pair hold it).
+template <int K>
+__device__ __forceinline__ float w4a4_warp_rows(const uint8_t* w_codes, const uint8_t* w_scales,
+                                                const W4A4Smem<K>& sm, int warp, int lane) {
+    constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+    const int r = lane >> 1, h = lane & 1;
+    const uint4* wc = reinterpret_cast<const uint4*>(w_codes + (size_t)r * (K / 2)) + 2 * h;
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(w_scales + (size_t)r * (K / 16)) + h;
+    uint4 cw[PER][2];
+    uint32_t sw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {  // every weight load of this lane is in flight before any math
+        int c = warp + 8 * i;
+        if (c < NCH) { cw[i][0] = __ldcs(wc + 4 * c); cw[i][1] = __ldcs(wc + 4 * c + 1); sw[i] = __ldcs(ws + 2 * c); }
+    }
+    __syncthreads();  // activation staging done
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int c = warp + 8 * i;
+        if (c >= NCH) break;
+        const uint32_t wv[8] = {cw[i][0].x, cw[i][0].y, cw[i][0].z, cw[i][0].w,
+                                cw[i][1].x, cw[i][1].y, cw[i][1].z, cw[i][1].w};
+        double s = 0.0;
+#pragma unroll
+        for (int gq = 0; gq < 4; ++gq) {
+            int grp = 8 * c + 4 * h + gq;
+            uint4 a = sm.a[grp];
+            int d = e2m1_dot8(wv[2 * gq], a.x, a.y, 0);
+            d = e2m1_dot8(wv[2 * gq + 1], a.z, a.w, d);
+            float sc = __fmul_rn(e4m3_to_f32((uint8_t)(sw[i] >> (8 * gq))), sm.s[grp]);
+            s = __dadd_rn(s, (double)__fmul_rn((float)d, sc));  // exact: 12 x 8 bits
+        }
+        s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));  // exact (see header)
+        acc = add_f32_exact(acc, 0.25 * s);
+    }
+    return acc;
+}
+
+// Warp partials in warp order, times f32(g_t * s_g), one BF16 rounding.
+__device__ __forceinline__ void w4a4_finish(float acc, float (*part)[16], float scale,
+                                            __nv_bfloat16* y, int warp, int lane) {
+    if ((lane & 1) == 0) part[warp][lane >> 1] = acc;
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float p = part[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) p = __fadd_rn(p, part[w][threadIdx.x]);
+        y[threadIdx.x] = f32_to_bf16(__fmul_rn(p, scale));
+    }
+}
+
+template <int K>
+__device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* __restrict__ a_codes,
+                                                 const uint8_t* __restrict__ a_scales,
+                                                 const float* __restrict__ a_g,
+                                                 const uint8_t* __restrict__ w_codes,
+                                                 const uint8_t* __restrict__ w_scales, float w_gscale,
+                                                 __nv_bfloat16* __restrict__ y, int N) {
+    static_assert(K % 128 == 0, "w4a4_gemv walks K in 128-wide chunks");
+    __shared__ W4A4Smem<K> sm;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t n0 = (size_t)blockIdx.x * 16;
+    w4a4_stage_act<K>(a_codes, a_scales, sm);
+    float acc = w4a4_warp_rows<K>(w_codes + n0 * (K / 2), w_scales + n0 * (K / 16), sm, warp, lane);
+    w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g), w_gscale), y + n0, warp, lane);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) w4a4_gemv(const uint8_t* __restrict__ a_codes,
+                                                 const uint8_t* __restrict__ a_scales,
+                                                 const float* __restrict__ a_g,
+                                                 const uint8_t* __restrict__ w_codes,
+                                                 const uint8_t* __restrict__ w_scales, float w_gscale,
+                                                 __nv_bfloat16* __restrict__ y, int N) {
+    w4a4_gemv_dev<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+}
+
+}  // namespace kbp

@@ -1,0 +1,127 @@
+// w4a4_mx_static.cuh: W4A4 with a static NVFP4 activation scale gamma (family w4a4_mx_static).
+//
+// Entries (formats and the product as in w4a4_mx.cuh; 256-thread CTAs):
+//   w4a4_quant_rows_static<K>(x, gamma, a_codes, a_scales, a_g)   grid = m rows
+//       w4a4_quant_rows with the global scale fixed to gamma (a_g[r] = gamma is written too, so
+//       the GEMVs read one layout). K % 16 == 0.
+//   w4a4_gemv_moe_slots<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
+//       grid = (N/16, S) for S routed slots (t, r) flattened; block 256. Slot s reads its expert id
+//       e = ids[s] from device memory (no host round trip); e == -1 writes +0 to y[s, :].
+//       Activation row of slot s: s / act_div (act_div = top_k: one row per token shared by its
+//       slots, as the gate/up projection; act_div = 1: one row per slot, as the down projection).
+//       Expert weights stacked (E, N, K/2), (E, N, K/16), w_gscale (E,) FP32 in device memory;
+//       y (S, N) BF16. N % 16 == 0, K % 128 == 0. Result bytes = w4a4_gemv's for that expert, with
+//       scale f32(a_g[row] * s_g[e]) (= gamma * s_g for static activations).
+//   w4a4_gemv_moe_slots_bf16<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N)
+//       w4a4_quant_rows_static fused into w4a4_gemv_moe_slots (same grid): each CTA quantizes its
+//       BF16 activation row x[s / act_div] (K values) with gamma straight into shared memory, the
+//       same device functions in the same order, so the bytes equal the two-kernel path's.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper (what the GPU tests do).
+#pragma once
+
+#include "w4a4_mx.cuh"
+
+namespace kbp {
+
+template <int K>
+__device__ __forceinline__ void w4a4_quant_rows_static_dev(const __nv_bfloat16* __restrict__ x, float gamma,
+                                                              uint8_t* __restrict__ a_codes,
+                                                              uint8_t* __restrict__ a_scales,
+                                                              float* __restrict__ a_g) {
+    const size_t r = blockIdx.x;
+    nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, gamma);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat16* __restrict__ x, float gamma,
+                                                              uint8_t* __restrict__ a_codes,
+                                                              uint8_t* __restrict__ a_scales,
+                                                              float* __restrict__ a_g) {
+    w4a4_quant_rows_static_dev<K>(x, gamma, a_codes, a_scales, a_g);
+}
+
+template <int K>
+__device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
+    const int* __restrict__ ids, int act_div, const uint8_t* __restrict__ a_codes,
+    const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
+    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
+    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    static_assert(K % 128 == 0, "w4a4 walks K in 128-wide chunks");
+    __shared__ W4A4Smem<K> sm;
+    const int slot = blockIdx.y, e = __ldg(ids + slot);
+    const size_t n0 = (size_t)blockIdx.x * 16;
+    __nv_bfloat16* yo = y + (size_t)slot * N + n0;
+    if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
+        if (threadIdx.x < 16) yo[threadIdx.x] = f32_to_bf16(0.0f);
+        return;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t row = slot / act_div;
+    w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
+    const size_t ew = (size_t)e * N;
+    float acc = w4a4_warp_rows<K>(w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), sm,
+                                  warp, lane);
+    w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots(
+    const int* __restrict__ ids, int act_div, const uint8_t* __restrict__ a_codes,
+    const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
+    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
+    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    w4a4_gemv_moe_slots_dev<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+}
+
+// Stage a BF16 row quantized with the static global scale gamma, as w4a4_stage_act stages the
+// codes/scales that nvfp4_quant_row(..., gamma) would have written.
+template <int K>
+__device__ __forceinline__ void w4a4_stage_act_static(const __nv_bfloat16* x, float gamma, W4A4Smem<K>& sm) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    const float inv_g = __fdiv_rn(1.0f, gamma);
+    for (int j = threadIdx.x; j < K / 16; j += 256) {
+        float v[16];
+        bf16x16_load(x + 16 * j, v);
+        __align__(8) uint8_t codes[8];
+        uint8_t sc;
+        nvfp4_quant_group(v, gamma, inv_g, codes, &sc);
+        const uint2 w = *reinterpret_cast<const uint2*>(codes);
+        sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y),
+                             e2m1x2_signed(w.y >> 16));
+        sm.s[j] = e4m3_to_f32(sc);
+    }
+}
+
+template <int K>
+__device__ __forceinline__ void w4a4_gemv_moe_slots_bf16_dev(
+    const int* __restrict__ ids, int act_div, const __nv_bfloat16* __restrict__ x, float gamma,
+    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
+    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    static_assert(K % 128 == 0, "w4a4 walks K in 128-wide chunks");
+    __shared__ W4A4Smem<K> sm;
+    const int slot = blockIdx.y, e = __ldg(ids + slot);
+    const size_t n0 = (size_t)blockIdx.x * 16;
+    __nv_bfloat16* yo = y + (size_t)slot * N + n0;
+    if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
+        if (threadIdx.x < 16) yo[threadIdx.x] = f32_to_bf16(0.0f);
+        return;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t row = slot / act_div;
+    w4a4_stage_act_static<K>(x + row * K, gamma, sm);
+    const size_t ew = (size_t)e * N;
+    float acc = w4a4_warp_rows<K>(w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), sm,
+                                  warp, lane);
+    w4a4_finish(acc, sm.part, __fmul_rn(gamma, __ldg(w_gscale + e)), yo, warp, lane);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots_bf16(
+    const int* __restrict__ ids, int act_div, const __nv_bfloat16* __restrict__ x, float gamma,
+    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
+    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    w4a4_gemv_moe_slots_bf16_dev<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N);
+}
+
+}  // namespace kbp

@@ -1,0 +1,160 @@
+// wxay.cuh: FP8 E4M3 W8A8 rowscale GEMV, one row, on m16n8k32 E4M3 tensor cores (family wxay).
+//
+// Entries (256-thread CTAs of 16 weight rows, no dynamic smem; sm_89+: sm_90a and sm_121a):
+//   (wxay_rowscale* and the w4a4 GEMVs declare __launch_bounds__(256, 2): two CTAs per SM, <= 128 regs)
+//   wxay_rowscale<K>(a_codes, a_scale, w_codes, w_scales, y, N)     grid = N/16
+//       a_codes (K,) E4M3, a_scale -> FP32 per-token scale (device), w_codes (N, K) E4M3 row-major,
+//       w_scales (N,) FP32 per channel, y (N,) BF16. N % 16 == 0, K % 128 == 0, rows 16B-aligned.
+//   wxay_rowscale_split<K>(table, nseg, a_codes, a_scale)           grid = sum_s n_s/16
+//       up to WXAY_MAX_SEGS projections of one input in one launch (split4), separate outputs;
+//       `table` is a device array of WxaySeg (32 bytes each); every output has wxay_rowscale's bytes.
+//   wxay_rowscale_split_list<K, NSEG>(segs, a_codes, a_scale)      grid = sum_s n_s/16
+//       wxay_rowscale_split with the table passed by value (a __grid_constant__ WxaySegList<NSEG>,
+//       in the launch's parameter space), so generated code needs no host packing or table buffer.
+// Math (explain.families.wxay, rowscale): warp w takes the 128-wide chunks c = w (mod 8) in
+//   increasing order; a chunk is 4 chained m16n8k32 MMAs from zero (weights on the 16-row side,
+//   the token in column 0 of the 8-wide side), S_c is added to the warp's FP32 accumulator
+//   (acc = acc + S_c), the 8 warp partials are added in warp order, and y = rn_bf16(P *
+//   f32(w_n * a_t)). The reference takes S_c exactly; the MMA's internal accumulation order and
+//   width are unspecified, so the GPU test holds this family to a tolerance (see the test).
+// Layout: lane (g = lane/4, t = lane%4) loads 32 bytes of rows g and g+8 per chunk as 16-byte
+//   loads; the k order inside a chunk is permuted identically for A and B (a dot product does not
+//   care), which makes every fragment register one aligned word of those loads.
+// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+// extern "C" __global__ wrapper (what the GPU tests do).
+#pragma once
+
+#include "kbp_common.cuh"
+
+namespace kbp {
+
+constexpr int WXAY_MAX_SEGS = 4;
+constexpr int WXAY_BATCH = 4;  // chunks per warp whose loads are in flight together
+
+struct WxaySeg {  // device layout: three uint64 pointers, int32 n, int32 padding
+    const uint8_t* w_codes;
+    const float* w_scales;
+    __nv_bfloat16* y;
+    int n;
+    int pad_;
+};
+static_assert(sizeof(WxaySeg) == 32, "WxaySeg is packed by the host as 32 bytes");
+
+__device__ __forceinline__ void mma_e4m3_m16n8k32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One chunk: 4 MMAs over the 32 bytes per lane of rows g, g+8 and of the token.
+__device__ __forceinline__ void wxay_chunk(const uint4 (&w)[4], const uint4 (&x)[2], float (&d)[4]) {
+    const uint32_t wg[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+    const uint32_t w8[8] = {w[2].x, w[2].y, w[2].z, w[2].w, w[3].x, w[3].y, w[3].z, w[3].w};
+    const uint32_t xv[8] = {x[0].x, x[0].y, x[0].z, x[0].w, x[1].x, x[1].y, x[1].z, x[1].w};
+    d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mma_e4m3_m16n8k32(d, wg[2 * j], w8[2 * j], wg[2 * j + 1], w8[2 * j + 1], xv[2 * j], xv[2 * j + 1]);
+}
+
+// The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
+template <int K>
+__device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
+                                          const uint8_t* __restrict__ a_codes, float a_scale,
+                                          __nv_bfloat16* __restrict__ y) {
+    static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
+    constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+    __shared__ float part[8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint4* rg = reinterpret_cast<const uint4*>(w_rows + (size_t)g * K) + 2 * t;
+    const uint4* r8 = reinterpret_cast<const uint4*>(w_rows + (size_t)(g + 8) * K) + 2 * t;
+    const uint4* xa = reinterpret_cast<const uint4*>(a_codes) + 2 * t;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float acc0 = 0.0f, acc8 = 0.0f;
+#pragma unroll
+    for (int b0 = 0; b0 < PER; b0 += WXAY_BATCH) {
+        uint4 w[WXAY_BATCH][4], x[WXAY_BATCH][2];
+#pragma unroll
+        for (int i = 0; i < WXAY_BATCH; ++i) {
+            int c = warp + 8 * (b0 + i);
+            if (b0 + i < PER && c < NCH) {
+                w[i][0] = __ldcs(rg + 8 * c); w[i][1] = __ldcs(rg + 8 * c + 1);
+                w[i][2] = __ldcs(r8 + 8 * c); w[i][3] = __ldcs(r8 + 8 * c + 1);
+                x[i][0] = g == 0 ? __ldg(xa + 8 * c) : zero;  // the token is column 0 of B
+                x[i][1] = g == 0 ? __ldg(xa + 8 * c + 1) : zero;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < WXAY_BATCH; ++i) {
+            int c = warp + 8 * (b0 + i);
+            if (b0 + i < PER && c < NCH) {
+                float d[4];
+                wxay_chunk(w[i], x[i], d);
+                acc0 = __fadd_rn(acc0, d[0]);
+                acc8 = __fadd_rn(acc8, d[2]);
+            }
+        }
+    }
+    if (t == 0) { part[warp][g] = acc0; part[warp][g + 8] = acc8; }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float p = part[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) p = __fadd_rn(p, part[w][threadIdx.x]);
+        y[threadIdx.x] = f32_to_bf16(__fmul_rn(p, __fmul_rn(__ldg(w_scales + threadIdx.x), a_scale)));
+    }
+}
+
+template <int K>
+__device__ __forceinline__ void wxay_rowscale_dev(const uint8_t* __restrict__ a_codes,
+                                                     const float* __restrict__ a_scale,
+                                                     const uint8_t* __restrict__ w_codes,
+                                                     const float* __restrict__ w_scales,
+                                                     __nv_bfloat16* __restrict__ y, int N) {
+    const size_t n0 = (size_t)blockIdx.x * 16;
+    wxay_tile<K>(w_codes + n0 * K, w_scales + n0, a_codes, __ldg(a_scale), y + n0);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* __restrict__ a_codes,
+                                                     const float* __restrict__ a_scale,
+                                                     const uint8_t* __restrict__ w_codes,
+                                                     const float* __restrict__ w_scales,
+                                                     __nv_bfloat16* __restrict__ y, int N) {
+    wxay_rowscale_dev<K>(a_codes, a_scale, w_codes, w_scales, y, N);
+}
+
+template <int K>
+__device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* __restrict__ table, int nseg,
+                                                           const uint8_t* __restrict__ a_codes,
+                                                           const float* __restrict__ a_scale) {
+    int b = blockIdx.x, s = 0;
+    while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
+    const WxaySeg seg = table[s];
+    const size_t n0 = (size_t)b * 16;
+    wxay_tile<K>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, __ldg(a_scale), seg.y + n0);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256, 2) wxay_rowscale_split(const WxaySeg* __restrict__ table, int nseg,
+                                                           const uint8_t* __restrict__ a_codes,
+                                                           const float* __restrict__ a_scale) {
+    wxay_rowscale_split_dev<K>(table, nseg, a_codes, a_scale);
+}
+
+template <int NSEG>
+struct WxaySegList {
+    WxaySeg seg[NSEG];
+};
+
+template <int K, int NSEG>
+__global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_constant__ WxaySegList<NSEG> segs,
+                                                                const uint8_t* __restrict__ a_codes,
+                                                                const float* __restrict__ a_scale) {
+    static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
+    wxay_rowscale_split_dev<K>(segs.seg, NSEG, a_codes, a_scale);
+}
+
+}  // namespace kbp

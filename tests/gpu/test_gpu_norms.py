@@ -1,0 +1,115 @@
+"""GPU tests of rms_norm (plain / one_plus, residual copy, residual add, exact residual add,
+strided per-head) and layer_norm against the numpy reference, fresh random inputs each run.
+
+Tolerances: the reciprocal root is rsqrtf (<= 2 ulp) where the reference rounds 1/sqrt correctly,
+so the FP32 value before the BF16 store is a few ulp away and each normalised output is within
+1 BF16 ulp. Everything that involves no rsqrtf (the in-place residual add h <- rn(h + s), the
+residual copy) is bit-exact. The block sizes are the reference's rules (rms_norm.block_threads,
+layer_norm.block_threads), so the reduction orders are the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbpc.reference import layer_norm as ref_ln
+from kbpc.reference import rms_norm as ref_rms
+from kbpc.reference.formats import bf16_bits, to_bf16
+from kbpc.testing.compare import assert_bf16_within
+
+F32 = np.float32
+BF = "__nv_bfloat16"
+MODES = {"norm": 0, "residual_copy": 1, "residual_add": 2, "residual_add_exact": 3}
+
+
+def rms_source(d: int, one_plus: bool, mode: str) -> str:
+    t = ref_rms.block_threads(d)
+    return (f'#include "rms_norm.cuh"\nextern "C" __global__ void __launch_bounds__({t})\n'
+            f'rms(void* x, long xs, long xgs, const void* s, long ss, void* res, long rs, const void* w,\n'
+            f'    float eps, void* y, long ys, long ygs) {{\n'
+            f'    kbp::rms_norm_dev<{d}, {t}, {str(one_plus).lower()}, {MODES[mode]}>(({BF}*)x, xs, xgs,\n'
+            f'        (const {BF}*)s, ss, ({BF}*)res, rs, (const {BF}*)w, eps, ({BF}*)y, ys, ygs);\n}}\n')
+
+
+def ln_source(d: int) -> str:
+    t = ref_ln.block_threads(d)
+    return (f'#include "layer_norm.cuh"\nextern "C" __global__ void __launch_bounds__({t})\n'
+            f'ln(const {BF}* x, long xs, const {BF}* w, const {BF}* b, float eps, {BF}* y, long ys) {{\n'
+            f'    kbp::layer_norm_bf16_dev<{d}, {t}>(x, xs, w, b, eps, y, ys);\n}}\n')
+
+
+def bf16_rand(rng, shape, std=1.0, mean=0.0):
+    return to_bf16((rng.standard_normal(shape) * std + mean).astype(F32))
+
+
+def test_sources_use_the_reference_block_sizes():
+    assert "__launch_bounds__(1024)" in rms_source(4096, True, "norm")
+    assert "rms_norm_dev<1536, 768, false, 0>" in rms_source(1536, False, "norm")
+    assert "layer_norm_bf16_dev<100, 128>" in ln_source(100)
+
+
+def _gpu():
+    from kbpc.testing import gpu  # noqa: PLC0415
+    return gpu
+
+
+NULL = np.uintp(0)
+
+RMS_SHAPES = [  # (d, rows, groups, one_plus)
+    (4096, 1, 1, True),    # the seed's final norm
+    (1536, 2, 1, False),   # the seed's q_a norm (rms_norm_vanilla)
+    (1000, 3, 1, True),    # idle threads in the last warp
+    (2050, 2, 1, False),   # 1025 pairs on 1024 threads: two rounds for thread 0
+    (128, 3, 4, True),     # strided per-head form: 4 heads per row, padded rows
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,rows,groups,one_plus", RMS_SHAPES)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_rms_norm(d, rows, groups, one_plus, mode):
+    if groups > 1 and mode != "norm":
+        pytest.skip("the strided form is norm-only")
+    g = _gpu()
+    rng = np.random.default_rng()
+    eps, weight = 1e-6, "one_plus" if one_plus else "plain"
+    row_stride = groups * d + (16 if groups > 1 else 0)  # padded rows in the strided case
+    x = bf16_rand(rng, (rows, row_stride), rng.uniform(0.1, 10.0))
+    s = bf16_rand(rng, (rows, groups * d))
+    gamma = bf16_rand(rng, (d,), 0.1, 0.0 if one_plus else 1.0)
+    fn = g.load_module(rms_source(d, one_plus, mode), "rms_norm").get_function("rms")
+    x_gpu = g.to_gpu(bf16_bits(x))
+    y = g.poisoned((rows, groups * d), np.uint16)
+    res = g.poisoned((rows, d), np.uint16)
+    fn(x_gpu.gpudata, np.int64(row_stride), np.int64(d), g.to_gpu(bf16_bits(s)).gpudata, np.int64(d),
+       res.gpudata, np.int64(d), g.to_gpu(bf16_bits(gamma)), np.float32(eps), y.gpudata,
+       np.int64(groups * d), np.int64(d), block=(ref_rms.block_threads(d), 1, 1), grid=(rows, groups))
+    xr = x[:, :groups * d].reshape(rows, groups, d)
+    if mode in ("norm", "residual_copy"):
+        y_ref = ref_rms.rms_norm(xr, gamma, eps, weight)
+        h_ref, res_ref = x, xr[:, 0]
+    else:
+        y_ref, h_new, res_ref = ref_rms.residual_add_rms_norm(xr[:, 0], s, gamma, eps,
+                                                              exact=mode.endswith("exact"), weight=weight)
+        h_ref = h_new
+    assert_bf16_within(g.fetch(y, "y").reshape(rows, groups, d), y_ref.reshape(rows, groups, d), 1, "y")
+    np.testing.assert_array_equal(g.fetch(x_gpu, "x"), bf16_bits(h_ref), "the input row (h)")
+    if mode != "norm":
+        np.testing.assert_array_equal(g.fetch(res, "residual"), bf16_bits(res_ref), "residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,rows", [(128, 1), (128, 7), (100, 3), (1500, 2), (5000, 2)])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_layer_norm(d, rows, in_place):
+    g = _gpu()
+    rng = np.random.default_rng()
+    eps = 1e-6
+    x = bf16_rand(rng, (rows, d), rng.uniform(0.1, 10.0), rng.uniform(-3.0, 3.0))
+    gamma, beta = bf16_rand(rng, (d,), 0.2, 1.0), bf16_rand(rng, (d,), 0.2)
+    fn = g.load_module(ln_source(d), "layer_norm").get_function("ln")
+    x_gpu = g.to_gpu(bf16_bits(x))
+    y = x_gpu if in_place else g.poisoned((rows, d), np.uint16)
+    fn(x_gpu.gpudata, np.int64(d), g.to_gpu(bf16_bits(gamma)), g.to_gpu(bf16_bits(beta)), np.float32(eps),
+       y.gpudata, np.int64(d), block=(ref_ln.block_threads(d), 1, 1), grid=(rows, 1))
+    assert_bf16_within(g.fetch(y, "y"), ref_ln.layer_norm(x, gamma, beta, eps), 1, "y")

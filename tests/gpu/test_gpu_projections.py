@@ -1,0 +1,341 @@
+"""GPU tests of the projection kernels (dense_bf16, w4a16_gemv, w4a4_mx, w4a4_mx_static, wxay,
+w8a8_act_quant) against kbpc.reference, at the seed's shapes and at small odd-but-legal shapes.
+
+Fresh random inputs every run; outputs are poisoned and checked fully written (`fetch`).
+Tolerances (only where the math does not fix every rounding):
+- exact (bit-identical BF16/E4M3/FP32 bytes): dense_bf16, w4a16 chunk walk and segments, w4a4
+  quantizers and GEMVs (the sm_90 path takes every chunk sum exactly, as the reference does),
+  w8a8 plain quantizers.
+- wxay: the m16n8k32 MMA's internal accumulation is unspecified (the reference takes each chunk
+  sum exactly), so each chunk sum may differ by a few FP32 ulps before the single BF16 rounding:
+  >= 99.9% of outputs identical, all within 1 BF16 ulp of the reference's magnitude scale.
+- silu forms (w4a16 silu-input, w8a8 silu quantizers): CUDA's expf / __expf differ from the
+  correctly rounded exp by a few FP32 ulps, which can flip a BF16 / E4M3 rounding: >= 99% identical,
+  differences at most 1 BF16 ulp (GEMV, relative to the row's largest output) or 1 E4M3 step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbpc.reference import dense_bf16 as ref_dense
+from kbpc.reference import w4a4_mx as ref_w4a4
+from kbpc.reference import w4a4_mx_static as ref_w4a4s
+from kbpc.reference import w4a16_gemv as ref_w4a16
+from kbpc.reference import w8a8_act_quant as ref_w8a8
+from kbpc.reference import wxay as ref_wxay
+from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_fp8, quantize_nvfp4, to_bf16
+
+pytestmark = pytest.mark.gpu
+
+RNG = np.random.default_rng()  # fresh inputs every run; failures print the shapes
+
+
+def _gpu():
+    from kbpc.testing import gpu  # noqa: PLC0415
+    return gpu
+
+
+def bf16_input(shape, scale=1.0):
+    return to_bf16(RNG.standard_normal(shape).astype(np.float32) * np.float32(scale))
+
+
+def nvfp4_weight(n, k):
+    """(packed, scales, s_g) of a random NVFP4 weight with realistic group-scale spread."""
+    w = RNG.standard_normal((n, k)).astype(np.float32) * np.exp(RNG.standard_normal((n, 1))).astype(np.float32)
+    return quantize_nvfp4(w * np.float32(0.02))
+
+
+def assert_bf16_equal(got_bits, want, what):
+    want_bits = bf16_bits(want)
+    bad = np.flatnonzero(got_bits.reshape(-1) != want_bits.reshape(-1))
+    assert bad.size == 0, (f"{what}: {bad.size} of {want_bits.size} differ, first {bad[:5]}: got "
+                           f"{bf16_from_bits(got_bits.reshape(-1)[bad[:5]])} want {want.reshape(-1)[bad[:5]]}")
+
+
+def assert_bf16_close(got_bits, want, what, frac_equal):
+    got = bf16_from_bits(got_bits).reshape(want.shape)
+    assert not np.isnan(got).any(), f"{what}: NaN"
+    ulp = np.abs(want).max(axis=-1, keepdims=True) * 2.0 ** -8  # 1 BF16 ulp of the row's scale
+    assert (np.abs(got - want) <= ulp).all(), f"{what}: max diff {np.abs(got - want).max()}"
+    eq = np.mean(bf16_bits(want).reshape(-1) == got_bits.reshape(-1))
+    assert eq >= frac_equal, f"{what}: only {eq:.5f} identical"
+
+
+# ------------------------------------------------------------------ sources
+
+def _module(src: str, name: str):
+    return _gpu().load_module("#include <cuda_bf16.h>\n" + src, name)
+
+
+def dense_src(k):
+    return f"""#include "dense_bf16.cuh"
+extern "C" __global__ void __launch_bounds__(256) d_bf16(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, __nv_bfloat16>(W, x, y, N); }}
+extern "C" __global__ void __launch_bounds__(256) d_f32(const __nv_bfloat16* W, const __nv_bfloat16* x, float* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, float>(W, x, y, N); }}
+"""
+
+
+def w4a16_src(k):
+    return f"""#include "w4a16_gemv.cuh"
+extern "C" __global__ void __launch_bounds__(256) w4(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::w4a16_gemv_dev<{k}>(c, s, g, x, y, N); }}
+extern "C" __global__ void __launch_bounds__(256) w4seg(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_gemv_seg_dev<{k}>(t, n, x); }}
+extern "C" __global__ void __launch_bounds__(256) w4silu(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, int N) {{ kbp::w4a16_gemv_silu_input_dev<{k}>(c, s, g, a, b, y, N); }}
+"""
+
+
+def w4a4_src(k):
+    return f"""#include "w4a4_mx_static.cuh"
+extern "C" __global__ void __launch_bounds__(256) q4(const __nv_bfloat16* x, uint8_t* c, uint8_t* s, float* g) {{ kbp::w4a4_quant_rows_dev<{k}>(x, c, s, g); }}
+extern "C" __global__ void __launch_bounds__(256) q4s(const __nv_bfloat16* x, float gm, uint8_t* c, uint8_t* s, float* g) {{ kbp::w4a4_quant_rows_static_dev<{k}>(x, gm, c, s, g); }}
+extern "C" __global__ void __launch_bounds__(256, 2) g4(const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, float sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_dev<{k}>(ac, as, ag, wc, ws, sg, y, N); }}
+extern "C" __global__ void __launch_bounds__(256, 2) g4moe(const int* ids, int div, const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, const float* sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_moe_slots_dev<{k}>(ids, div, ac, as, ag, wc, ws, sg, y, N); }}
+"""
+
+
+def wxay_src(k):
+    return f"""#include "wxay.cuh"
+extern "C" __global__ void __launch_bounds__(256, 2) wx(const uint8_t* a, const float* sa, const uint8_t* w, const float* sw, __nv_bfloat16* y, int N) {{ kbp::wxay_rowscale_dev<{k}>(a, sa, w, sw, y, N); }}
+extern "C" __global__ void __launch_bounds__(256, 2) wxsplit(const kbp::WxaySeg* t, int n, const uint8_t* a, const float* sa) {{ kbp::wxay_rowscale_split_dev<{k}>(t, n, a, sa); }}
+"""
+
+
+def w8a8_src(k):
+    g128 = k % 128 == 0
+    src = f"""#include "w8a8_act_quant.cuh"
+extern "C" __global__ void __launch_bounds__(256) qrow(const __nv_bfloat16* x, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_row_dev<{k}>(x, q, s); }}
+extern "C" __global__ void __launch_bounds__(256) qsrow(const __nv_bfloat16* g, const __nv_bfloat16* u, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_silu_row_dev<{k}>(g, u, q, s); }}
+"""
+    if g128:
+        src += f"""extern "C" __global__ void __launch_bounds__(256) qg(const __nv_bfloat16* x, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_g128_dev<{k}>(x, q, s); }}
+extern "C" __global__ void __launch_bounds__(256) qsg(const __nv_bfloat16* g, const __nv_bfloat16* u, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_silu_g128_dev<{k}>(g, u, q, s); }}
+"""
+    return src
+
+
+def seg_table(segs, record) -> np.ndarray:
+    """Pack device segment tables (W4A16Seg / WxaySeg: 32 bytes each) from tuples of fields."""
+    dt = np.dtype(record)
+    assert dt.itemsize == 32
+    return np.array([tuple(s) for s in segs], dt).view(np.uint8)
+
+
+W4A16_SEG = [("codes", "<u8"), ("scales", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
+WXAY_SEG = [("w", "<u8"), ("s", "<u8"), ("y", "<u8"), ("n", "<i4"), ("pad", "<i4")]
+
+
+# ------------------------------------------------------------------ dense_bf16
+
+@pytest.mark.parametrize("n,k", [(154880, 4096), (4096, 4096), (48, 2176), (5, 8), (7, 520)])
+def test_dense_bf16(n, k):
+    g = _gpu()
+    w, x = bf16_input((n, k), 0.05), bf16_input((k,))
+    mod = _module(dense_src(k), f"dense_{k}")
+    wd, xd = g.to_gpu(bf16_bits(w)), g.to_gpu(bf16_bits(x))
+    y16, y32 = g.poisoned((n,), np.uint16), g.poisoned((n,), np.float32)
+    grid = ((n + 3) // 4, 1)
+    mod.get_function("d_bf16")(wd.gpudata, xd.gpudata, y16.gpudata, np.int32(n), block=(256, 1, 1), grid=grid)
+    mod.get_function("d_f32")(wd.gpudata, xd.gpudata, y32.gpudata, np.int32(n), block=(256, 1, 1), grid=grid)
+    assert_bf16_equal(g.fetch(y16), ref_dense.dense_gemv_bf16(x, w)[0], "dense bf16")
+    want32 = ref_dense.dense_gemv_bf16(x, w, out_dtype="f32")[0]
+    assert np.array_equal(g.fetch(y32).view(np.uint32), want32.view(np.uint32)), "dense f32 out"
+
+
+# ------------------------------------------------------------------ w4a16
+
+@pytest.mark.parametrize("n,k", [(8192, 4096), (4096, 8192), (48, 2176), (3, 16), (37, 1040)])
+def test_w4a16_gemv(n, k):
+    g = _gpu()
+    packed, scales, sg = nvfp4_weight(n, k)
+    x = bf16_input((k,))
+    mod = _module(w4a16_src(k), f"w4a16_{k}")
+    y = g.poisoned((n,), np.uint16)
+    mod.get_function("w4")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
+                           g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
+                           block=(256, 1, 1), grid=((n + 15) // 16, 1))
+    assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0], "w4a16_gemv")
+
+
+@pytest.mark.parametrize("k,ns", [(4096, (4096, 4096, 4096, 32, 32, 32)), (2176, (48, 4, 17))])
+def test_w4a16_segments(k, ns):
+    g = _gpu()
+    x = bf16_input((k,))
+    weights = [nvfp4_weight(n, k) for n in ns]
+    dev = [(g.to_gpu(p), g.to_gpu(s)) for p, s, _ in weights]
+    ys = [g.poisoned((n,), np.uint16) for n in ns]
+    table = seg_table([(int(p.gpudata), int(s.gpudata), int(y.gpudata), float(sg), n)
+                       for (p, s), y, (_, _, sg), n in zip(dev, ys, weights, ns)], W4A16_SEG)
+    mod = _module(w4a16_src(k), f"w4a16_{k}")
+    mod.get_function("w4seg")(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(bf16_bits(x)).gpudata,
+                              block=(256, 1, 1), grid=(sum((n + 15) // 16 for n in ns), 1))
+    want = ref_w4a16.w4a16_gemv_segments(x, weights)
+    for i, (y, wv) in enumerate(zip(ys, want)):
+        assert_bf16_equal(g.fetch(y, f"segment {i}"), wv[0], f"segment {i}")
+
+
+@pytest.mark.parametrize("n,k", [(4096, 2048), (48, 2176)])
+def test_w4a16_silu_input(n, k):
+    g = _gpu()
+    packed, scales, sg = nvfp4_weight(n, k)
+    gate, up = bf16_input((k,), 2.0), bf16_input((k,))
+    mod = _module(w4a16_src(k), f"w4a16_{k}")
+    y = g.poisoned((n,), np.uint16)
+    mod.get_function("w4silu")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
+                               g.to_gpu(bf16_bits(gate)).gpudata, g.to_gpu(bf16_bits(up)).gpudata, y.gpudata,
+                               np.int32(n), block=(256, 1, 1), grid=((n + 15) // 16, 1))
+    want = ref_w4a16.w4a16_gemv_silu_input(gate, up, packed, scales, sg)
+    assert_bf16_close(g.fetch(y)[None], want, "w4a16 silu input", 0.99)
+
+
+# ------------------------------------------------------------------ w4a4 (dynamic and static)
+
+def _quant_rows(mod, g, x, gamma=None):
+    m, k = x.shape
+    c, s, a = g.poisoned((m, k // 2), np.uint8), g.poisoned((m, k // 16), np.uint8), g.poisoned((m,), np.float32)
+    xd = g.to_gpu(bf16_bits(x))
+    if gamma is None:
+        mod.get_function("q4")(xd.gpudata, c.gpudata, s.gpudata, a.gpudata, block=(256, 1, 1), grid=(m, 1))
+    else:
+        mod.get_function("q4s")(xd.gpudata, np.float32(gamma), c.gpudata, s.gpudata, a.gpudata,
+                                block=(256, 1, 1), grid=(m, 1))
+    return c, s, a
+
+
+def _check_quant(g, got, want, what):
+    """Exact byte comparison. Code bytes may legitimately be 0xFF (codes -6, -6), the poison byte, so
+    they skip the poison check: the exact comparison against the reference covers them."""
+    for arr, w, name in zip(got, want, ("codes", "scales", "g")):
+        host = g.fetch(arr, name, allow_nan=name == "codes")
+        assert np.array_equal(host.view(np.uint8), np.asarray(w).view(np.uint8)), f"{what} {name}"
+
+
+@pytest.mark.parametrize("k", [4096, 2176, 2048, 12288])
+def test_w4a4_quant_rows(k):
+    g = _gpu()
+    x = bf16_input((3, k))
+    x[1] = 0.0  # an all-zero row: g = 1
+    x[2, :16] = 0.0  # a zero group
+    mod = _module(w4a4_src(k), f"w4a4_{k}")
+    c, s, a = _quant_rows(mod, g, x)
+    want = ref_w4a4.quantize_rows(x)
+    _check_quant(g, (c, s, a), want, "dynamic")
+    gamma = np.float32(np.abs(x).max() / 2688 * 0.5)  # some values saturate
+    c, s, a = _quant_rows(mod, g, x, gamma)
+    want = ref_w4a4s.quantize_rows_static(x, gamma)
+    _check_quant(g, (c, s, a), want, "static")
+
+
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 2048), (48, 2176), (16, 128)])
+def test_w4a4_gemv(n, k):
+    g = _gpu()
+    packed, scales, sg = nvfp4_weight(n, k)
+    x = bf16_input((1, k))
+    mod = _module(w4a4_src(k), f"w4a4_{k}")
+    c, s, a = _quant_rows(mod, g, x)
+    y = g.poisoned((n,), np.uint16)
+    mod.get_function("g4")(c.gpudata, s.gpudata, a.gpudata, g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata,
+                           np.float32(sg), y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, 1))
+    assert_bf16_equal(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], "w4a4_gemv")
+
+
+@pytest.mark.parametrize("n,k,experts,top_k,shared", [(4096, 4096, 16, 8, True), (4096, 2048, 16, 8, False),
+                                                      (48, 2176, 5, 4, True)])
+def test_w4a4_moe_slots(n, k, experts, top_k, shared):
+    g = _gpu()
+    stack = [nvfp4_weight(n, k) for _ in range(experts)]
+    wp = np.stack([p for p, _, _ in stack]); ws = np.stack([s for _, s, _ in stack])
+    wg = np.array([x for _, _, x in stack], np.float32)
+    ids = RNG.choice(experts, top_k, replace=False).astype(np.int32)
+    ids[RNG.integers(top_k)] = -1  # an empty slot
+    rows = 1 if shared else top_k
+    x = bf16_input((rows, k))
+    gamma = np.float32(np.abs(x).max() / 2688)
+    mod = _module(w4a4_src(k), f"w4a4_{k}")
+    c, s, a = _quant_rows(mod, g, x, gamma)
+    y = g.poisoned((top_k, n), np.uint16)
+    mod.get_function("g4moe")(g.to_gpu(ids).gpudata, np.int32(top_k if shared else 1), c.gpudata, s.gpudata,
+                              a.gpudata, g.to_gpu(wp).gpudata, g.to_gpu(ws).gpudata, g.to_gpu(wg).gpudata,
+                              y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, top_k))
+    xin = x[0] if shared else x
+    want = ref_w4a4s.w4a4_static_moe_slots(xin, gamma, wp, ws, wg, ids)
+    assert_bf16_equal(g.fetch(y), want, "w4a4 moe slots")
+
+
+# ------------------------------------------------------------------ wxay
+
+def fp8_weight(n, k):
+    return quantize_fp8(RNG.standard_normal((n, k)).astype(np.float32) * np.float32(0.02), axis=-1)
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (16384, 1536), (4096, 16384), (48, 2176)])
+def test_wxay_rowscale(n, k):
+    g = _gpu()
+    wc, wsc = fp8_weight(n, k)
+    ac, asc = quantize_fp8(bf16_input((1, k)), axis=-1)
+    mod = _module(wxay_src(k), f"wxay_{k}")
+    y = g.poisoned((n,), np.uint16)
+    mod.get_function("wx")(g.to_gpu(ac).gpudata, g.to_gpu(asc).gpudata, g.to_gpu(wc).gpudata, g.to_gpu(wsc).gpudata,
+                           y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, 1))
+    assert_bf16_close(g.fetch(y)[None], ref_wxay.wxay_rowscale(ac, asc, wc, wsc), "wxay", 0.999)
+
+
+@pytest.mark.parametrize("k,ns", [(4096, (1536, 512, 128, 32)), (2176, (48, 16))])
+def test_wxay_split(k, ns):
+    g = _gpu()
+    weights = [fp8_weight(n, k) for n in ns]
+    ac, asc = quantize_fp8(bf16_input((1, k)), axis=-1)
+    dev = [(g.to_gpu(c), g.to_gpu(s)) for c, s in weights]
+    ys = [g.poisoned((n,), np.uint16) for n in ns]
+    table = seg_table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), n, 0) for (c, s), y, n in zip(dev, ys, ns)],
+                      WXAY_SEG)
+    mod = _module(wxay_src(k), f"wxay_{k}")
+    mod.get_function("wxsplit")(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(ac).gpudata,
+                                g.to_gpu(asc).gpudata, block=(256, 1, 1), grid=(sum(n // 16 for n in ns), 1))
+    for i, (y, want) in enumerate(zip(ys, ref_wxay.wxay_split(ac, asc, weights))):
+        assert_bf16_close(g.fetch(y, f"split {i}")[None], want, f"split {i}", 0.999)
+
+
+# ------------------------------------------------------------------ w8a8_act_quant
+
+@pytest.mark.parametrize("k", [4096, 12288, 18432, 2176, 520])
+def test_w8a8_act_quant(k):
+    g = _gpu()
+    m = 3
+    x = bf16_input((m, k), 3.0)
+    x[1] = 0.0
+    mod = _module(w8a8_src(k), f"w8a8_{k}")
+    xd = g.to_gpu(bf16_bits(x))
+    q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
+    mod.get_function("qrow")(xd.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    wq, ws = ref_w8a8.quant_row(x)
+    assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), "per-token"
+    if k % 128 == 0:
+        q, s = g.poisoned((m, k), np.uint8), g.poisoned((m, k // 128), np.float32)
+        mod.get_function("qg")(xd.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+        wq, ws = ref_w8a8.quant_g128(x)
+        assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), "g128"
+
+
+def _e4m3_close(got, want, what):
+    """Codes within one E4M3 step (same sign; adjacent codes are adjacent values), >= 99% equal."""
+    d = np.abs(got.astype(np.int16) - want.astype(np.int16))
+    assert (d <= 1).all(), f"{what}: code differs by {d.max()}"
+    assert np.mean(d == 0) >= 0.99, f"{what}: only {np.mean(d == 0):.4f} identical"
+
+
+@pytest.mark.parametrize("k", [2048, 6144, 2176])
+def test_w8a8_act_quant_silu(k):
+    g = _gpu()
+    m = 2
+    gate, up = bf16_input((m, k), 3.0), bf16_input((m, k))
+    mod = _module(w8a8_src(k), f"w8a8_{k}")
+    gd, ud = g.to_gpu(bf16_bits(gate)), g.to_gpu(bf16_bits(up))
+    q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
+    mod.get_function("qsrow")(gd.gpudata, ud.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    wq, ws = ref_w8a8.quant_silu_row(gate, up)
+    _e4m3_close(g.fetch(q), wq, "silu row")
+    assert np.allclose(g.fetch(s), ws, rtol=2 ** -7, atol=0), "silu row scale"  # max moves <= 1 bf16 ulp
+    q, s = g.poisoned((m, k), np.uint8), g.poisoned((m, k // 128), np.float32)
+    mod.get_function("qsg")(gd.gpudata, ud.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    wq, ws = ref_w8a8.quant_silu_g128(gate, up)
+    _e4m3_close(g.fetch(q), wq, "silu g128")
+    assert np.allclose(g.fetch(s), ws, rtol=2 ** -7, atol=0), "silu g128 scale"
