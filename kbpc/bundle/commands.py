@@ -61,8 +61,16 @@ def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: 
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @TRUST_OPTION
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict.")
+@click.option("--numerics", is_flag=True,
+              help="Also run the bundle on the GPU against the reference interpreter (same synthetic "
+                   "weights, teacher-forced tokens) and check every position's logits.")
+@click.option("--positions", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Positions for --numerics.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --numerics: write the per-position report here.")
 @reports_errors
-def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool) -> None:
+def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: bool, positions: int,
+           json_path: Path | None) -> None:
     """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
     signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
     as the signed manifest records, no member added or missing. Exit code 2 on any failure."""
@@ -71,3 +79,26 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool) -> None:
     report = verify_bundle(bundle, trust, on_check)
     click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
                f"signed by {', '.join(report.signers)}")
+    if numerics:
+        _check_numerics(bundle, trust, positions, json_path, quiet)
+
+
+def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool) -> None:
+    import json
+
+    from kbpc.errors import KbpcError
+    from kbpc.runtime.bundle_model import load_bundle_model
+    from kbpc.runtime.numerics import compare_numerics
+    from kbpc.util.atomic import write_text_atomic
+
+    def show(pos: int, rep) -> None:
+        if not quiet:
+            click.echo(f"  position {pos:3d}: rel L2 {rep.rel_l2[-1]:.2e}  same token {rep.same_token[-1]}")
+
+    report = compare_numerics(load_bundle_model(bundle, trust), positions, on_position=show)
+    if json_path:
+        write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
+    click.echo(f"numerics: max rel L2 {report.max_rel_l2:.3e} (limit 1e-2), same greedy token at "
+               f"{100 * report.agreement:.1f}% of {positions} positions (limit 95%)")
+    if not report.passed:
+        raise KbpcError("the GPU step does not match the reference within the limits", str(bundle))

@@ -5,15 +5,22 @@ from __future__ import annotations
 from typing import Callable
 
 from kbpc.codegen.context import LowerCtx, LoweringError
-from kbpc.codegen.families import (dense_bf16, dsa_indexer, glm_mla_decode, glm_mla_latent_write,
-                                    rms_norm)
+from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dsa_indexer, glm_mla_decode,
+                                    glm_mla_latent_write, kda_gates_w8a8, kda_o_norm, kda_pack,
+                                    kda_recurrent, layer_norm, rms_norm)
 from kbpc.codegen.records import Launch
 from kbpc.ir.plan import LoweredGroup
 
 Lowering = Callable[[LowerCtx, LoweredGroup], list[Launch]]
 
 LOWERINGS: dict[str, Lowering] = {
+    "causal_conv1d_l2norm": causal_conv1d_l2norm.lower,
     "dense_bf16": dense_bf16.lower,
+    "kda_gates_w8a8": kda_gates_w8a8.lower,
+    "kda_o_norm": kda_o_norm.lower,
+    "kda_pack": kda_pack.lower,
+    "kda_recurrent": kda_recurrent.lower,
+    "layer_norm": layer_norm.lower,
     "dsa_indexer": dsa_indexer.lower,
     "glm_mla_decode": glm_mla_decode.lower,
     "glm_mla_latent_write": glm_mla_latent_write.lower,

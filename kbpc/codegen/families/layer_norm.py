@@ -1,0 +1,29 @@
+"""layer_norm: BF16 LayerNorm with weight and bias (kernels/layer_norm.cuh), e.g. the DSA indexer's
+key norm. The block size is the reference's rule, so the reduction order matches it."""
+from __future__ import annotations
+
+from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.plan import LoweredGroup
+
+BF = "__nv_bfloat16"
+
+
+def block_threads(d: int) -> int:
+    """The reference's block-size rule (kbpc.reference.layer_norm.block_threads)."""
+    from kbpc.reference.layer_norm import block_threads as rule
+    return rule(d)
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    launches = []
+    for node in ctx.nodes(group):
+        x, y = ctx.input(node), ctx.output(node)
+        d, threads = x.dim_value, block_threads(x.dim_value)
+        inst = KernelInstance("layer_norm", "layer_norm.cuh", f"kbp::layer_norm_bf16<{d}, {threads}>",
+                              (f"const {BF}*", "long", f"const {BF}*", f"const {BF}*", "float", f"{BF}*", "long"))
+        args = (ctx.buf(x), str(d), ctx.weight(node, ctype=BF), ctx.weight(node, "bias", BF),
+                flt(ctx.c.layer_norm_eps), ctx.buf(y), str(d))
+        launches.append(Launch(inst, grid=(ctx.rows(x), 1, 1), block=(threads, 1, 1), smem=0, args=args,
+                               group=group.id, nodes=(node.id,)))
+    return launches
