@@ -94,15 +94,6 @@ def test_select(tiny):
         assert buffer_name(plan.blueprint, sel) in {b.name for b in plan.buffers}
 
 
-def test_select_needs_scratch(tiny_path):
-    plan = run_pipeline(load_blueprint(tiny_path), Options(target="sm_90"))
-    if any(s.name.endswith(".scores") for s in plan.state):
-        pytest.skip("plan_memory provides the scratch")
-    g = next(g for g in plan.groups if g.rule == "glm_index_select_persisted")
-    with pytest.raises(LoweringError, match="scratch"):
-        dsa_indexer.lower(LowerCtx(plan), g)
-
-
 def test_seed_sizes(seed_path):
     plan, ctx = _plan(seed_path)
     kernels = {l.instance.kernel for g in plan.groups if g.family == "dsa_indexer" for l in dsa_indexer.lower(ctx, g)}
