@@ -146,6 +146,13 @@ def state_buffers(plan: Plan) -> list[StateBuffer]:
     bp, ctx, c = plan.blueprint, plan.options.max_context, plan.blueprint.config.constants
     out: list[StateBuffer] = []
     for node in bp.nodes():
+        if node.op == "hc_pre":   # the fused pre-mix's per-row arrival counters and mu workspace
+            ins = bp.inputs(node.order)
+            x = next(t for t in ins if bp.node(t.src).op in ("hc_post", "hc_expand"))
+            width = next(t for t in ins if bp.node(t.src).op == "linear:hc_mix").dim_value
+            rows = _rows(bp, x)
+            out.append(StateBuffer(f"{node.id}.counters", rows * 4, (rows,), "i32"))
+            out.append(StateBuffer(f"{node.id}.mix", rows * width * 4, (rows, width), "f32"))
         for kind in node.state:
             if kind == "conv:update":
                 ch = bp.inputs(node.order)[0].dim_value

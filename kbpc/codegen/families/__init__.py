@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 from kbpc.codegen.context import LowerCtx, LoweringError
-from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dsa_indexer, glm_mla_decode,
-                                    glm_mla_latent_write, kda_gates_w8a8, kda_o_norm, kda_pack,
-                                    kda_recurrent, layer_norm, rms_norm)
+from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dsa_indexer, embed_copy,
+                                    glm_mhc, glm_mla_decode, glm_mla_latent_write, glm_moe_combine,
+                                    glm_router_topk, glm_swiglu_clamp, kda_gates_w8a8, kda_o_norm,
+                                    kda_pack, kda_recurrent, layer_norm, rms_norm)
 from kbpc.codegen.records import Launch
 from kbpc.ir.plan import LoweredGroup
 
@@ -22,6 +23,11 @@ LOWERINGS: dict[str, Lowering] = {
     "kda_recurrent": kda_recurrent.lower,
     "layer_norm": layer_norm.lower,
     "dsa_indexer": dsa_indexer.lower,
+    "embed_copy": embed_copy.lower,
+    "glm_mhc": glm_mhc.lower,
+    "glm_moe_combine": glm_moe_combine.lower,
+    "glm_router_topk": glm_router_topk.lower,
+    "glm_swiglu_clamp": glm_swiglu_clamp.lower,
     "glm_mla_decode": glm_mla_decode.lower,
     "glm_mla_latent_write": glm_mla_latent_write.lower,
     "rms_norm": rms_norm.lower,

@@ -15,7 +15,7 @@
 N (n_hc) and D (hidden) come from the edges: a stream row is N*D wide, a BF16 row D."""
 from __future__ import annotations
 
-from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
 from kbpc.codegen.families.dsa_state import state_buffer
@@ -44,8 +44,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         return [_post(ctx, group, node)]
     if node.op == "hc_contract":
         return [_head(ctx, group, node)]
-    require(False, f"glm_mhc has no kernel for op {node.op}", node)
-    return []
+    raise LoweringError(f"glm_mhc has no kernel for op {node.op}", f"node {node.id}")
 
 
 def streams_of(stream: Tensor, row: Tensor, node: Node) -> tuple[int, int]:
@@ -72,7 +71,7 @@ def _expand(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
 
 
 def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
-    streams, rest = split_inputs(ctx, node, *STREAM_OPS)
+    streams, _ = split_inputs(ctx, node, *STREAM_OPS)
     gates, branch = split_inputs(ctx, node, "hc_pre")
     branch = [t for t in branch if t not in streams]
     require(len(streams) == 1 and len(branch) == 1, "hc_post needs one stream input and one sublayer output", node)
