@@ -1,0 +1,98 @@
+"""w4a16_gemv: NVFP4-weight x BF16-activation one-row GEMVs (kernels/w4a16_gemv.cuh).
+
+Group forms, told apart by the group's nodes (not by rule names):
+- one linear (glm_w4a16_gemv_1row): w4a16_gemv<K>.
+- several linears over one input (glm_w4a16_pipe_kda_six_1row): w4a16_gemv_seg_list<K, NSEG>, the
+  segment table passed by value as a __grid_constant__ kernel parameter (it lives in the launch's
+  parameter space in device memory and is captured into the CUDA graph node), up to
+  W4A16_MAX_SEGS segments per launch.
+- linear -> swiglu_clamp -> silu_mul -> linear (glm_w4a16_pipe_shared_1row, a shared expert):
+  w4a16_shared_pair<K, I> launched twice. Phase 0 is w4a16_gemv<K> of x into the [g | u] row in a
+  device scratch private to the instance's TU (the group's inner edges have no arena buffer);
+  phase 1 is the silu-input down GEMV on the clamped g^, u^ in FP32 (the reference's
+  clamp_gate_up then w4a16_gemv_silu_input)."""
+from __future__ import annotations
+
+from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, require
+from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.records import Node
+
+MAX_SEGS = 6             # W4A16_MAX_SEGS
+SILU_MAX_K = 10240       # the silu-input form stages K FP32 values in 40 KB of static shared memory
+HEADER = "w4a16_gemv.cuh"
+W4 = ("const uint8_t*", "const uint8_t*", "float")
+
+
+def ctas(n: int) -> int:
+    """w4a16_ctas(n): 16 output rows per CTA."""
+    return -(-n // 16)
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    ops = {n.op_base for n in ctx.nodes(group)}
+    gemms = linears(ctx, group)
+    require(bool(gemms), "a w4a16_gemv group needs a linear node", group)
+    if "silu_mul" in ops or "swiglu_clamp" in ops:
+        return _shared_pair(ctx, group, gemms)
+    if len(gemms) == 1:
+        return [_gemv(ctx, group, gemms[0])]
+    return _segments(ctx, group, gemms)
+
+
+def _gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
+    x, y = ctx.input(node), ctx.output(node)
+    k, n = x.dim_value, y.dim_value
+    require(k % 16 == 0, f"K = {k} is not a multiple of 16", node)
+    one_row(ctx, x, node)
+    inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_gemv<{k}>", (*W4, f"const {BF16}*", f"{BF16}*", "int"))
+    return Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0,
+                  args=(*nvfp4_weight(ctx, node), ctx.buf(x), ctx.buf(y), str(n)),
+                  group=group.id, nodes=(node.id,))
+
+
+def _segments(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[Launch]:
+    x = ctx.input(gemms[0])
+    k = x.dim_value
+    require(all(ctx.input(n).id == x.id for n in gemms), "segmented GEMVs must share one input", group)
+    require(k % 16 == 0, f"K = {k} is not a multiple of 16", group)
+    one_row(ctx, x, gemms[0])
+    launches = []
+    for i in range(0, len(gemms), MAX_SEGS):
+        part = gemms[i:i + MAX_SEGS]
+        segs = []
+        for node in part:
+            codes, scales, sg = nvfp4_weight(ctx, node)
+            y = ctx.output(node)
+            segs.append(f"kbp::W4A16Seg{{{codes}, {scales}, {ctx.buf(y)}, {sg}, {y.dim_value}}}")
+        table = f"kbp::W4A16SegList<{len(part)}>"
+        inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_gemv_seg_list<{k}, {len(part)}>",
+                              (table, f"const {BF16}*"))
+        grid = sum(ctas(ctx.output(n).dim_value) for n in part)
+        launches.append(Launch(inst, grid=(grid, 1, 1), block=BLOCK, smem=0,
+                               args=(f"{table}{{{{{', '.join(segs)}}}}}", ctx.buf(x)),
+                               group=group.id, nodes=tuple(n.id for n in part)))
+    return launches
+
+
+def _shared_pair(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[Launch]:
+    require(len(gemms) == 2, f"a shared-expert group has 2 linears, found {len(gemms)}", group)
+    gate_up, down = gemms
+    x, gu = ctx.input(gate_up), ctx.output(gate_up)
+    act, y = ctx.input(down), ctx.output(down)
+    k, i, n = x.dim_value, act.dim_value, y.dim_value
+    require(ctx.bp.node(act.src).op_base == "silu_mul", f"{down.id} does not read the silu_mul output", group)
+    require(gu.dim_value == 2 * i, f"gate_up width {gu.dim_value} is not 2 x down's K {i}", group)
+    require(k % 16 == 0 and i % 16 == 0, f"K = {k} and I = {i} must be multiples of 16", group)
+    require(i <= SILU_MAX_K, f"down K = {i} exceeds the silu-input form's {SILU_MAX_K}", group)
+    one_row(ctx, x, gate_up)
+    inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_shared_pair<{k}, {i}>",
+                          ("int", *W4, f"const {BF16}*", *W4, "float", f"{BF16}*", "int"))
+    args = (*nvfp4_weight(ctx, gate_up), ctx.buf(x), *nvfp4_weight(ctx, down),
+            flt(ctx.c.swiglu_limit), ctx.buf(y), str(n))
+    nodes = tuple(nd.id for nd in ctx.nodes(group))
+    return [Launch(inst, grid=(ctas(2 * i), 1, 1), block=BLOCK, smem=0, args=("0", *args), group=group.id,
+                   nodes=nodes, note="phase 0: gate_up GEMV into the TU's [g | u] scratch"),
+            Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0, args=("1", *args), group=group.id,
+                   nodes=nodes, note="phase 1: clamp, silu(g^) * u^ in FP32, down GEMV")]

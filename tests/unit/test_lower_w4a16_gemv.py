@@ -1,0 +1,110 @@
+"""Lowering of w4a16_gemv groups on the tiny blueprint: the one-row GEMV, the segmented KDA
+projections (table passed by value) and the shared expert's two-phase pair."""
+from __future__ import annotations
+
+import pytest
+
+from kbpc.codegen.context import flt
+from kbpc.codegen.families import w4a16_gemv
+from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+
+BF = "__nv_bfloat16"
+RULES = {"glm_w4a16_gemv_1row", "glm_w4a16_pipe_kda_six_1row", "glm_w4a16_pipe_shared_1row"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return planned(str(tiny_path))
+
+
+def _groups(plan, rule):
+    return [g for g in family_groups(plan, "w4a16_gemv") if g.rule == rule]
+
+
+def test_rules_covered(tiny):
+    plan, ctx = tiny
+    groups = family_groups(plan, "w4a16_gemv")
+    assert {g.rule for g in groups} == RULES
+    for g in groups:
+        launches = w4a16_gemv.lower(ctx, g)
+        assert launches and all(l.block == (256, 1, 1) and l.smem == 0 and l.group == g.id for l in launches)
+        assert unwritten(plan, g, launches) == []
+
+
+def test_one_row(tiny):
+    plan, ctx = tiny
+    for g in _groups(plan, "glm_w4a16_gemv_1row"):
+        (launch,) = w4a16_gemv.lower(ctx, g)
+        node = plan.blueprint.node_by_id[g.nodes[0]]
+        x, y = ctx.input(node), ctx.output(node)
+        assert launch.instance.kernel == f"kbp::w4a16_gemv<{x.dim_value}>"
+        assert launch.grid == (-(-y.dim_value // 16), 1, 1)
+        assert launch.args == (ctx.weight(node), ctx.weight(node, "weight_scale"),
+                               ctx.weight_value(node, "weight_scale_2"), ctx.buf(x), ctx.buf(y), str(y.dim_value))
+
+
+def test_segments(tiny):
+    plan, ctx = tiny
+    for g in _groups(plan, "glm_w4a16_pipe_kda_six_1row"):
+        (launch,) = w4a16_gemv.lower(ctx, g)
+        nodes = [plan.blueprint.node_by_id[n] for n in g.nodes]
+        k = ctx.input(nodes[0]).dim_value
+        assert launch.instance.kernel == f"kbp::w4a16_gemv_seg_list<{k}, {len(nodes)}>"
+        assert launch.instance.params == (f"kbp::W4A16SegList<{len(nodes)}>", f"const {BF}*")
+        ns = [ctx.output(n).dim_value for n in nodes]
+        assert launch.grid == (sum(-(-n // 16) for n in ns), 1, 1)
+        table, x = launch.args
+        assert x == ctx.buf(ctx.input(nodes[0]))
+        for node, n in zip(nodes, ns):   # each segment: codes, scales, y, s_g, n in W4A16Seg order
+            seg = (f"kbp::W4A16Seg{{{ctx.weight(node)}, {ctx.weight(node, 'weight_scale')}, "
+                   f"{ctx.buf(ctx.output(node))}, {ctx.weight_value(node, 'weight_scale_2')}, {n}}}")
+            assert seg in table
+
+
+def test_more_segments_than_one_launch_holds(tiny, monkeypatch):
+    plan, ctx = tiny
+    g = _groups(plan, "glm_w4a16_pipe_kda_six_1row")[0]
+    monkeypatch.setattr(w4a16_gemv, "MAX_SEGS", 4)
+    launches = w4a16_gemv.lower(ctx, g)
+    assert [len(l.nodes) for l in launches] == [4, 2]
+    assert launches[1].instance.kernel.endswith(", 2>")
+    assert unwritten(plan, g, launches) == []
+
+
+def test_shared_pair(tiny):
+    plan, ctx = tiny
+    for g in _groups(plan, "glm_w4a16_pipe_shared_1row"):
+        phase0, phase1 = w4a16_gemv.lower(ctx, g)
+        nodes = {plan.blueprint.node_by_id[n].op_base: plan.blueprint.node_by_id[n] for n in g.nodes}
+        gate_up = next(plan.blueprint.node_by_id[n] for n in g.nodes if n.endswith("gate_up"))
+        down = next(plan.blueprint.node_by_id[n] for n in g.nodes if n.endswith("down"))
+        assert {"swiglu_clamp", "silu_mul", "linear"} <= set(nodes)
+        k, i = ctx.input(gate_up).dim_value, ctx.input(down).dim_value
+        n = ctx.output(down).dim_value
+        assert ctx.output(gate_up).dim_value == 2 * i
+        assert phase0.instance == phase1.instance   # one TU: the scratch is shared by both phases
+        assert phase0.instance.kernel == f"kbp::w4a16_shared_pair<{k}, {i}>"
+        assert phase0.args[0] == "0" and phase1.args[0] == "1" and phase0.args[1:] == phase1.args[1:]
+        assert phase0.grid == (-(-2 * i // 16), 1, 1) and phase1.grid == (-(-n // 16), 1, 1)
+        assert phase0.args[1:5] == (ctx.weight(gate_up), ctx.weight(gate_up, "weight_scale"),
+                                    ctx.weight_value(gate_up, "weight_scale_2"), ctx.buf(ctx.input(gate_up)))
+        assert phase0.args[5:8] == (ctx.weight(down), ctx.weight(down, "weight_scale"),
+                                    ctx.weight_value(down, "weight_scale_2"))
+        assert phase0.args[8] == flt(plan.blueprint.config.constants.swiglu_limit)
+        assert arena_ref(plan, f"{down.id}.{ctx.output(down).id.rsplit('.', 1)[-1]}") in phase0.args[9]
+        assert phase0.args[10] == str(n)
+
+
+def test_seed_projection_families(seed_path):
+    """Every group of the five projection families in the seed lowers and writes its outputs."""
+    from kbpc.codegen.families import w4a4_mx, w4a4_mx_static, w8a8_act_quant, wxay  # noqa: PLC0415
+    plan, ctx = planned(str(seed_path))
+    modules = {"w4a16_gemv": w4a16_gemv, "w4a4_mx": w4a4_mx, "w4a4_mx_static": w4a4_mx_static,
+               "wxay": wxay, "w8a8_act_quant": w8a8_act_quant}
+    for family, module in modules.items():
+        groups = family_groups(plan, family)
+        assert groups, family
+        for g in groups:
+            launches = module.lower(ctx, g)
+            assert unwritten(plan, g, launches) == [], (family, g.rule)
+            assert all(0 < l.grid[0] < 2 ** 31 and 0 < l.grid[1] < 65536 for l in launches)
