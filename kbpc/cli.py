@@ -123,13 +123,16 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
               help="Object cache (default: the user cache dir); unchanged kernels are never rebuilt.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Parallel nvcc jobs (default: CPUs).")
 @click.option("--verify", is_flag=True, help="Check the IR invariants after every pass.")
+@click.option("--debug-arena", is_flag=True,
+              help="Give every intermediate its own arena bytes (no reuse), so `kbpc verify --numerics "
+                   "--intermediates` can compare each one with the reference.")
 @click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write every pass's plan and the generated sources here.")
 @CONFIG_OPTION
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
-            verify: bool, dump_dir: Path | None, config_path: Path | None) -> None:
+            verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None) -> None:
     """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign)."""
     import time
 
@@ -148,7 +151,8 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
         if created:
             err.print(f"created a signing key: {key_path} (public keyring beside it)")
     request = CompileRequest(blueprint=blueprint, output=output,
-                             options=Options(target=target, tp=tp, max_context=max_context),
+                             options=Options(target=target, tp=tp, max_context=max_context,
+                                             arena_reuse=not debug_arena),
                              signer=Signer.load(key_path), config=config_path, cache_dir=cache_dir,
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
                              dump_dir=dump_dir)

@@ -68,9 +68,12 @@ def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: 
               help="Positions for --numerics.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --numerics: write the per-position report here.")
+@click.option("--intermediates", is_flag=True,
+              help="With --numerics on a --debug-arena bundle: compare every intermediate buffer of "
+                   "the step with the reference and list them in launch order.")
 @reports_errors
 def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: bool, positions: int,
-           json_path: Path | None) -> None:
+           json_path: Path | None, intermediates: bool) -> None:
     """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
     signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
     as the signed manifest records, no member added or missing. Exit code 2 on any failure."""
@@ -79,8 +82,21 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: b
     report = verify_bundle(bundle, trust, on_check)
     click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
                f"signed by {', '.join(report.signers)}")
+    if numerics and intermediates:
+        _check_intermediates(bundle, trust)
     if numerics:
         _check_numerics(bundle, trust, positions, json_path, quiet)
+
+
+def _check_intermediates(bundle: Path, trust) -> None:
+    from kbpc.runtime.bundle_model import load_bundle_model
+    from kbpc.runtime.numerics import compare_intermediates
+
+    diffs = compare_intermediates(load_bundle_model(bundle, trust))
+    click.echo(f"intermediates after 2 positions ({len(diffs)} buffers, launch order; * = rel err > 1e-2):")
+    for d in diffs:
+        flag = "*" if d.rel_l2 > 1e-2 else " "
+        click.echo(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
 
 
 def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool) -> None:

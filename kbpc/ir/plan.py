@@ -21,6 +21,7 @@ class Options:
     tp: int = 1
     max_context: int = 4096
     max_streams: int = 4
+    arena_reuse: bool = True          # False: every buffer its own bytes (debugging intermediates)
 
     def __post_init__(self):
         get_target(self.target)

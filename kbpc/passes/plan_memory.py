@@ -64,7 +64,7 @@ def plan_memory(plan: Plan) -> Plan:
         last[name] = max(last[name], reader)
     buffers = [Buffer(name=n, format=f, elements=e, nbytes=b, producer_group=g,
                       first_use=first[n], last_use=last[n]) for n, (f, e, b, g) in info.items()]
-    placed, arena = _allocate(plan, buffers)
+    placed, arena = _allocate(plan, buffers) if plan.options.arena_reuse else _no_reuse(buffers)
     return dataclasses.replace(plan, buffers=tuple(sorted(placed, key=lambda b: (b.first_use, b.name))),
                                arena_bytes=arena, state=tuple(state_buffers(plan)))
 
@@ -139,6 +139,15 @@ def _allocate(plan: Plan, buffers: list[Buffer]) -> tuple[list[Buffer], int]:
         offsets[k], ends[k] = offset, offset + size
         placed.append(dataclasses.replace(b, offset=offset))
         top = max(top, offset + size)
+    return placed, top
+
+
+def _no_reuse(buffers: list[Buffer]) -> tuple[list[Buffer], int]:
+    """Every buffer at its own offset, so after a step the arena holds every intermediate."""
+    placed, top = [], 0
+    for b in sorted(buffers, key=lambda b: (b.first_use, b.name)):
+        placed.append(dataclasses.replace(b, offset=top))
+        top += -(-b.nbytes // ALIGN) * ALIGN
     return placed, top
 
 

@@ -103,6 +103,8 @@ class Interpreter:
             if node.op_base not in self.handlers and node.op not in self.handlers:
                 raise KbpcError(f"the reference backend has no handler for op {node.op!r}", f"node {node.id}")
         self.inputs = {o: bp.inputs(o) for o in self.order}
+        self.keep_values = False       # keep every edge value of the last step (diagnostics)
+        self.last_values: dict[tuple[int, str], Any] = {}
         self.outputs = {o: bp.outputs(o) for o in self.order}
 
     def step(self, token: int) -> tuple[np.ndarray, int]:
@@ -135,6 +137,8 @@ class Interpreter:
                 values[(order, key)] = out[key]
             results.update({k: v for k, v in out.items() if k.startswith("__")})
         self.state.position = position + 1
+        if self.keep_values:
+            self.last_values = values
         return results["__logits"], int(results["__token"])
 
 

@@ -3,10 +3,12 @@ same synthetic weights and the same token sequence (teacher forcing: both sides 
 reference's greedy tokens, so one early disagreement cannot derail the rest)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kbpc.errors import KbpcError
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
 
@@ -61,3 +63,69 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
     finally:
         gpu.close()
     return report
+
+
+@dataclass
+class BufferDiff:
+    position: int          # schedule position of the producer
+    name: str
+    format: str
+    rel_l2: float          # for quantized buffers: fraction of code bytes that differ
+    detail: str
+
+
+def _reference_value(interp, name: str):
+    node_id, edge = name.rsplit(".", 1)
+    order = interp.bp.node_by_id[node_id].order
+    return interp.last_values.get((order, edge))
+
+
+def _as_array(value) -> np.ndarray:
+    return np.asarray(getattr(value, "clamped", value), np.float32)
+
+
+def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", steps: int = 2,
+                          token: int = 1) -> list[BufferDiff]:
+    """Run `steps` positions on both backends and compare every arena buffer after the last one.
+    Needs a bundle compiled with --debug-arena (no buffer shares bytes with another)."""
+    from kbpc.reference.formats import bf16_from_bits
+    from kbpc.runtime.cuda_backend import CudaBackend
+
+    plan = json.loads(model.bundle.read("plan.json"))
+    if plan["options"].get("arena_reuse", True):
+        raise KbpcError("comparing intermediates needs a bundle compiled with --debug-arena")
+    bp = model.blueprint
+    ref = ReferenceBackend(bp, load_weights(bp, weights), steps)
+    ref.interpreter.keep_values = True
+    gpu = CudaBackend(model, weights, steps)
+    try:
+        for _ in range(steps):
+            _, nxt = ref.step(token)
+            gpu.step(token)
+            token = nxt
+        arena = np.empty(gpu.info.arena_bytes, np.uint8)
+        gpu.cuda.memcpy_dtoh(arena, gpu.arena)
+    finally:
+        gpu.close()
+    diffs = []
+    for b in sorted(plan["buffers"], key=lambda b: b["first_use"]):
+        raw = arena[b["offset"]:b["offset"] + b["nbytes"]]
+        want = _reference_value(ref.interpreter, b["name"])
+        if want is None:
+            continue
+        fmt = b["format"]
+        if fmt in ("bf16", "f32", "i32"):
+            got = {"bf16": lambda r: bf16_from_bits(r.view(np.uint16)), "f32": lambda r: r.view(np.float32),
+                   "i32": lambda r: r.view(np.int32).astype(np.float32)}[fmt](raw)
+            ref_arr = _as_array(want).reshape(-1)[: got.size]
+            got = got[: ref_arr.size]
+            err = float(np.linalg.norm((got - ref_arr).astype(np.float64)))
+            scale = float(np.linalg.norm(ref_arr.astype(np.float64))) or 1.0
+            detail = f"max |diff| {np.max(np.abs(got - ref_arr)) if got.size else 0:.3g}, |ref| {scale:.3g}"
+            diffs.append(BufferDiff(b["first_use"], b["name"], fmt, err / scale, detail))
+        else:   # quantized: the codes come first in the planar layout
+            codes = np.asarray(want[0], np.uint8).reshape(-1)
+            got = raw[: codes.size]
+            frac = float(np.mean(got != codes)) if codes.size else 0.0
+            diffs.append(BufferDiff(b["first_use"], b["name"], fmt, frac, f"{int(np.sum(got != codes))} codes differ"))
+    return diffs
