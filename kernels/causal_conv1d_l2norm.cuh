@@ -31,7 +31,7 @@
 
 namespace kbp {
 
-__device__ __forceinline__ float conv_sigmoid(float a) { return 1.0f / (1.0f + __expf(-a)); }
+__device__ __forceinline__ float conv_sigmoid(float a) { return 1.0f / (1.0f + kbp::exp_f32(-a)); }
 
 __device__ __forceinline__ void conv_store(__nv_bfloat16* p, float v) { *p = f32_to_bf16(v); }
 __device__ __forceinline__ void conv_store(float* p, float v) { *p = v; }
@@ -93,7 +93,7 @@ causal_conv1d_update_l2norm_dev(const __nv_bfloat16* __restrict__ x, int x_strid
             float ss = partial[first];
 #pragma unroll
             for (int j = 1; j < WARPS_PER_HEAD; ++j) ss = ss + partial[first + j];
-            y = u * rsqrtf(ss + eps);
+            y = u * kbp::rsqrt_f32(ss + eps);
         }
     }
     if (c < C) conv_store(out + row * out_stride + c, y);

@@ -81,7 +81,7 @@ __device__ __forceinline__ void dsa_indexer_store_body(
     float e[KP], den = 0.0f;
 #pragma unroll
     for (int s = 0; s < KP; ++s) {
-        e[s] = __expf(x[s] - m);
+        e[s] = kbp::exp_f32(x[s] - m);
         den = s == 0 ? e[0] : den + e[s];
     }
     float acc = 0.0f;

@@ -69,8 +69,8 @@ __device__ __forceinline__ void mla_attend_token(const uint4 (&raw)[CH], const f
     }
     const float z = warp_sum_xor(acc) * scale;  // every lane holds the same z
     if (z > st.m) {
-        const float a = __expf(st.m - z);  // 0 for the first token (m = -inf)
-        const float p = __expf(z - z);
+        const float a = kbp::exp_f32(st.m - z);  // 0 for the first token (m = -inf)
+        const float p = kbp::exp_f32(z - z);
         st.l = st.l * a + p;
 #pragma unroll
         for (int i = 0; i < CH; ++i)
@@ -78,7 +78,7 @@ __device__ __forceinline__ void mla_attend_token(const uint4 (&raw)[CH], const f
             for (int k = 0; k < 16; ++k) st.o[i][k] = st.o[i][k] * a + p * v[i][k];
         st.m = z;
     } else {
-        const float p = __expf(z - st.m);
+        const float p = kbp::exp_f32(z - st.m);
         st.l = st.l + p;
 #pragma unroll
         for (int i = 0; i < CH; ++i)
@@ -176,8 +176,8 @@ __device__ __forceinline__ void glm_mla_decode_fp8_body(
         if (warp < stride) {
             const float mb = sm_m[warp], lb = sm_l[warp];
             const float ms = fmaxf(st.m, mb);
-            const float fa = st.m == -INFINITY ? 0.0f : __expf(st.m - ms);
-            const float fb = mb == -INFINITY ? 0.0f : __expf(mb - ms);
+            const float fa = st.m == -INFINITY ? 0.0f : kbp::exp_f32(st.m - ms);
+            const float fb = mb == -INFINITY ? 0.0f : kbp::exp_f32(mb - ms);
             st.l = st.l * fa + lb * fb;
 #pragma unroll
             for (int i = 0; i < CH; ++i)

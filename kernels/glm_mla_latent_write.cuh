@@ -60,7 +60,7 @@ __device__ __forceinline__ void glm_mla_latent_write_row(
         for (int w = 0; w < off; ++w) v[w] = v[w] + v[w + off];
     }
     const float mean = v[0] / (float)E;
-    const float r = rsqrtf(mean + eps);
+    const float r = kbp::rsqrt_f32(mean + eps);
     const float inv_s = 1.0f / s_k;
     const float y = ((x * r) * bf16_to_f32(gamma[i])) * inv_s;
     cache[(size_t)slot * E + i] = f32_to_e4m3(y);

@@ -12,6 +12,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "kbp_transcendental.cuh"
+
 namespace kbp {
 
 __device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }

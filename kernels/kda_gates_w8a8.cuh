@@ -154,7 +154,7 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bf
     if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
         for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
             const int r = i / H, h = i % H;
-            beta[(long)r * beta_stride + h] = 1.0f / (1.0f + __expf(-bf16_to_f32(b[(long)r * b_stride + h])));
+            beta[(long)r * beta_stride + h] = 1.0f / (1.0f + kbp::exp_f32(-bf16_to_f32(b[(long)r * b_stride + h])));
         }
     const bool seg_f = blockIdx.x < BLOCKS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -178,8 +178,8 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bf
         const float fb = round_bf16(acc[e] * (sw[n] * sa));
         if (seg_f) {
             if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(fb);
-            const float z = expf(a_log[n / DK]) * (fb + dt_bias[n]);
-            decay[(long)tok * decay_stride + n] = lower_bound * (1.0f / (1.0f + expf(-z)));
+            const float z = kbp::exp_f32(a_log[n / DK]) * (fb + dt_bias[n]);
+            decay[(long)tok * decay_stride + n] = lower_bound * (1.0f / (1.0f + kbp::exp_f32(-z)));
         } else {
             og[(long)tok * og_stride + n] = f32_to_bf16(fb);
         }

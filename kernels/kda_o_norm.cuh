@@ -49,9 +49,9 @@ kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
         if (i == 0) total = t;
     }
     __syncthreads();
-    const float r = rsqrtf(total / (float)D + eps);
+    const float r = kbp::rsqrt_f32(total / (float)D + eps);
     const float z = bf16_to_f32(gate[row * gate_stride + (long)h * D + i]);
-    const float sig = 1.0f / (1.0f + __expf(-z));
+    const float sig = 1.0f / (1.0f + kbp::exp_f32(-z));
     y[row * y_stride + (long)h * D + i] = f32_to_bf16(oi * r * bf16_to_f32(weight[h * weight_head_stride + i]) * sig);
 }
 

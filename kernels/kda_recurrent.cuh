@@ -41,7 +41,7 @@ __device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* __restrict_
                                                 const float* __restrict__ g, float scale,
                                                 float* s_decay, float* s_k, float* s_q) {
     for (int i = threadIdx.x; i < DK; i += COLS) {
-        s_decay[i] = expf(g[i]);
+        s_decay[i] = kbp::exp_f32(g[i]);
         s_k[i] = bf16_to_f32(k[i]);
         s_q[i] = bf16_to_f32(q[i]) * scale;
     }

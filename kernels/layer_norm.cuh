@@ -70,7 +70,7 @@ layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* 
         }
     }
     const float var = ln_tree_sum<THREADS>(sq, buf) / (float)D;
-    const float rr = rsqrtf(var + eps);
+    const float rr = kbp::rsqrt_f32(var + eps);
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         const int i = threadIdx.x + k * THREADS;

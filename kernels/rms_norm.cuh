@@ -93,7 +93,7 @@ rms_norm_dev(__nv_bfloat16* x, long x_stride, long x_group_stride,
         partial = partial + u.y * u.y;
     }
     const float ss = rms_block_sum<THREADS>(partial, warp_sums);
-    const float rr = rsqrtf(ss / (float)D + eps);
+    const float rr = kbp::rsqrt_f32(ss / (float)D + eps);
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         const int p = threadIdx.x + k * THREADS;

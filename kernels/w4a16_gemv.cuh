@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant
 
 // SiLU-input form, 8-value walk: x_k = f32(f32(g / f32(1 + expf(-g))) * u); w_k = f32(q * f32(s_g *
 // s_nj)); thread l takes the 8-element vectors v = l, l+64, ...; acc = fma(x_k, w_k, acc).
-__device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+__device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, kbp::exp_f32(-g))); }
 
 // Thread l's accumulators for the group's rows; xs = the FP32 input staged in shared memory.
 template <int K>

@@ -28,7 +28,7 @@ __device__ __forceinline__ void bf16x8_unpack(uint4 u, float (&v)[8]) {
 
 // v = rn_bf16((g * sigma(g)) * u), left to right, no FMA.
 __device__ __forceinline__ float silu_mul_bf16(float g, float u) {
-    float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, __expf(-g)));
+    float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, kbp::exp_f32(-g)));
     return round_bf16(__fmul_rn(__fmul_rn(g, sig), u));
 }
 
