@@ -83,20 +83,23 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: b
     click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
                f"signed by {', '.join(report.signers)}")
     if numerics and intermediates:
-        _check_intermediates(bundle, trust)
+        _check_intermediates(bundle, trust, positions, quiet)
     if numerics:
         _check_numerics(bundle, trust, positions, json_path, quiet)
 
 
-def _check_intermediates(bundle: Path, trust) -> None:
+def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool) -> None:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_intermediates
 
-    diffs = compare_intermediates(load_bundle_model(bundle, trust))
-    click.echo(f"intermediates after 2 positions ({len(diffs)} buffers, launch order; * = rel err > 1e-2):")
+    diffs = compare_intermediates(load_bundle_model(bundle, trust), steps=positions)
+    bad = [d for d in diffs if d.rel_l2 > 1e-2]
+    click.echo(f"intermediates at position {positions - 1}: {len(diffs)} buffers, {len(bad)} with rel err > 1e-2 "
+               "(launch order; * marks them)")
     for d in diffs:
-        flag = "*" if d.rel_l2 > 1e-2 else " "
-        click.echo(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
+        if d.rel_l2 > 1e-2 or not quiet:
+            flag = "*" if d.rel_l2 > 1e-2 else " "
+            click.echo(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
 
 
 def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool) -> None:
