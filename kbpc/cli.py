@@ -187,8 +187,9 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
               help="synthetic:SEED (counter-based synthetic weights) or a safetensors file/folder.")
 @click.option("--backend", type=click.Choice(["auto", "reference", "cuda"]), default="auto",
-              show_default=True, help="auto: the GPU for a .kbp bundle when a GPU is present, else the "
-                                      "CPU reference backend (which also runs blueprint JSON).")
+              show_default=True, help="auto: the GPU when one is present (a blueprint JSON is first "
+                                      "compiled for it into the user cache), else the CPU reference "
+                                      "backend.")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Maximum context in tokens (default: prompt + new tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -41,10 +41,37 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
             return "cuda", cb, cb.vocab
         bp = bm.blueprint
     else:
-        if backend == "cuda":
-            raise KbpcError("the CUDA backend runs compiled .kbp bundles (kbpc compile); a blueprint "
-                            "JSON runs on --backend reference", "--backend")
+        if backend == "cuda" or (backend == "auto" and gpu_present()):
+            from kbpc.runtime.bundle_model import load_bundle_model
+            from kbpc.runtime.cuda_backend import CudaBackend
+            path, trust_ring = compile_for_gpu(Path(model), config, context)
+            cb = CudaBackend(load_bundle_model(path, trust_ring), weights, context)
+            return "cuda", cb, cb.vocab
         from kbpc.frontend.load import load_blueprint
         bp = load_blueprint(model, config)
     ref = ReferenceBackend(bp, load_weights(bp, weights), context)
     return "reference", ref, ref.vocab
+
+
+def compile_for_gpu(blueprint: Path, config: Path | None, context: int):
+    """Compile a blueprint for the local GPU into the user cache (reused while the blueprint,
+    config, context and kbpc are unchanged), signed with the local default key."""
+    import hashlib
+
+    import platformdirs
+
+    from kbpc import __version__
+    from kbpc.bundle.keys import Keyring, Signer, default_key_paths, ensure_default_key
+    from kbpc.compiler import CompileRequest, compile_bundle
+    from kbpc.ir.plan import Options
+
+    key_path, _ = ensure_default_key()
+    digest = hashlib.sha256()
+    for part in (blueprint.read_bytes(), config.read_bytes() if config else b"", str(context).encode(),
+                 __version__.encode()):
+        digest.update(part)
+    out = Path(platformdirs.user_cache_dir("kbpc")) / "run" / f"{blueprint.stem}-{digest.hexdigest()[:16]}.kbp"
+    if not out.exists():
+        compile_bundle(CompileRequest(blueprint=blueprint, output=out, options=Options(max_context=max(context, 16)),
+                                      signer=Signer.load(key_path), config=config))
+    return out, Keyring.load(default_key_paths().public)
