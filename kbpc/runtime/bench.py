@@ -1,5 +1,6 @@
 """`kbpc bench BUNDLE`: decode tokens/s at batch 1 (CUDA-graph replay, median after warm-up), and a
-profiled step's time per kernel family, each against its bandwidth floor (bytes / copy bandwidth).
+profiled step's time per kernel family, each against its bandwidth floor (bytes it must move, see
+kbpc/runtime/traffic.py, over the copy bandwidth).
 
 The context is reached by moving the sequence position forward over zeroed caches: the kernels
 read the same number of cache bytes as with real history (what decides their speed), without
@@ -11,23 +12,10 @@ import statistics
 import time
 from collections import defaultdict
 
-from kbpc.ir.weights import weight_specs
 from kbpc.passes.schedule_streams import BANDWIDTH_BYTES_PER_US
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.cuda_backend import CudaBackend
-
-
-def family_bytes(model: BundleModel) -> dict[str, float]:
-    """Weight bytes read per token by each family's groups."""
-    bp = model.blueprint
-    by_node: dict[str, float] = defaultdict(float)
-    for spec in weight_specs(bp):
-        by_node[spec.node] += spec.bytes_per_token
-    plan = json.loads(model.bundle.read("plan.json"))
-    out: dict[str, float] = defaultdict(float)
-    for g in plan["groups"]:
-        out[g["family"]] += sum(by_node[n] for n in g["nodes"])
-    return dict(out)
+from kbpc.runtime.traffic import family_bytes
 
 
 def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,
@@ -54,7 +42,7 @@ def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: i
     for s, ms in zip(order, group_ms):
         per_family[family_of[s["group"]]] += ms * 1e3
         launches[family_of[s["group"]]] += 1
-    fbytes = family_bytes(model)
+    fbytes = family_bytes(model.blueprint, plan, start_pos)
     step_bytes = sum(fbytes.values())
     median = statistics.median(times)
     floor_us = step_bytes / BANDWIDTH_BYTES_PER_US

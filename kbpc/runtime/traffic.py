@@ -1,0 +1,68 @@
+"""Bytes each group must move per decode step: the floor its time is measured against.
+
+A group reads its weights (routed experts: top_k of them), every activation buffer it reads and
+writes its outputs once, and touches its sequence state: the conv window and the recurrent state
+are read and written whole, the latent cache is read for the attended tokens (the indexer's
+selection, at most the context) and written for one token, the indexer reads every persisted pool
+key and its scores."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from kbpc.ir.graph import Blueprint
+from kbpc.ir.weights import weight_specs
+from kbpc.passes.plan_memory import buffer_name
+
+
+def _state_bytes(bp: Blueprint, node, context: int) -> float:
+    sym, c = bp.symbols, bp.config.constants
+    total = 0.0
+    for kind in node.state:
+        if kind == "conv:update":
+            total += 2 * bp.inputs(node.order)[0].dim_value * c.conv_width * 4
+        elif kind == "h:update":
+            total += 2 * sym["lin_v_heads"] * sym["lin_k_dim"] * sym["lin_v_dim"] * 4
+        elif kind == "latent:write":
+            total += bp.inputs(node.order)[0].dim_value
+        elif kind == "latent:read":
+            kp = sym["index_kpool"]
+            attended = min(context + 1, (sym["index_topk"] // kp + 1) * kp)
+            total += attended * sym["kv_lora"]
+        elif kind == "index:write":
+            total += 4 * sym["index_head_dim"] * 2          # key and gate row, pool key amortised
+        elif kind == "index:read":
+            pools = (context + 1) // sym["index_kpool"]
+            total += pools * (sym["index_head_dim"] * 4 + 8)  # pool keys, scores written and read
+    return total
+
+
+def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
+    """group id -> bytes per step, from a plan's JSON (`plan.json` of a bundle)."""
+    weights: dict[str, float] = defaultdict(float)
+    for spec in weight_specs(bp):
+        weights[spec.node] += spec.bytes_per_token
+    buffers = {b["name"]: b["nbytes"] for b in plan["buffers"]}
+    out: dict[int, float] = defaultdict(float)
+    for g in plan["groups"]:
+        for node_id in g["nodes"]:
+            node = bp.node_by_id[node_id]
+            out[g["id"]] += weights[node_id] + _state_bytes(bp, node, context)
+    seen: set[tuple[int, str]] = set()
+    for t in bp.tensors():
+        src, dst = bp.node(t.src), bp.node(t.dst)
+        name = buffer_name(bp, t)
+        if name not in buffers:
+            continue
+        for gid in (src.group, dst.group):
+            if (gid, name) not in seen:      # a group touches each buffer once
+                seen.add((gid, name))
+                out[gid] += buffers[name]
+    return dict(out)
+
+
+def family_bytes(bp: Blueprint, plan: dict, context: int) -> dict[str, float]:
+    per_group = group_bytes(bp, plan, context)
+    out: dict[str, float] = defaultdict(float)
+    for g in plan["groups"]:
+        out[g["family"]] += per_group.get(g["id"], 0.0)
+    return dict(out)

@@ -1,0 +1,36 @@
+"""The per-group byte floor the benchmark measures kernels against."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options
+from kbpc.ir.weights import weight_specs
+from kbpc.passes import run_pipeline
+from kbpc.runtime.traffic import family_bytes, group_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    bp = load_blueprint(tiny_path)
+    plan = json.loads(json.dumps(run_pipeline(bp, Options(max_context=4096)).to_json()))
+    return bp, plan
+
+
+def test_recurrence_moves_its_state_twice(tiny):
+    bp, plan = tiny
+    s = bp.symbols
+    state = s["lin_v_heads"] * s["lin_k_dim"] * s["lin_v_dim"] * 4
+    g = next(g for g in plan["groups"] if g["family"] == "kda_recurrent")
+    assert group_bytes(bp, plan, 100)[g["id"]] > 2 * state
+
+
+def test_weights_are_counted_once_and_caches_grow_with_context(tiny):
+    bp, plan = tiny
+    weights = sum(w.bytes_per_token for w in weight_specs(bp))
+    short, long = family_bytes(bp, plan, 16), family_bytes(bp, plan, 4000)
+    assert sum(short.values()) > weights
+    assert long["dsa_indexer"] > short["dsa_indexer"] and long["glm_mla_decode"] > short["glm_mla_decode"]
+    assert long["w4a16_gemv"] == short["w4a16_gemv"]
