@@ -38,7 +38,9 @@ def lower_precision(plan: Plan) -> Plan:
                                        else "host", requants=tuple(requants[g.id]))
                    for g in plan.groups)
     notes = plan.notes
-    if any(g.variant == "fp4_dequant_fma" for g in groups):
-        notes += (f"{target.name} has no FP4 block-scaled MMA: W4A4 groups run the "
-                  "fp4_dequant_fma variant (same NVFP4 bytes and activation quantization)",)
+    if any(g.variant == "e2m1_dp4a_exact" for g in groups):
+        why = ("has no FP4 block-scaled MMA" if not target.fp4_block_mma else
+               "has the FP4 block-scaled MMA, not yet validated on hardware")
+        notes += (f"{target.name} {why}: W4A4 groups run the exact e2m1_dp4a_exact variant (same "
+                  "NVFP4 bytes and activation quantization, integer dot products per group)",)
     return dataclasses.replace(plan, groups=groups, weights=tuple(weight_specs(bp)), notes=notes)

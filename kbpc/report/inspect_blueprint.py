@@ -47,7 +47,11 @@ def summarize(bp: Blueprint, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS) -> di
     for spec in specs:
         node = bp.node_by_id[spec.node]
         gemm = spec.role.startswith("weight") or spec.role == "input_scale"
-        by_format[node.precision.weight if gemm and node.precision.weight else "params"] += spec.nbytes
+        if gemm:   # the embedding table has no weight precision: it is stored BF16
+            key = node.precision.weight or spec.storage
+        else:
+            key = "params"
+        by_format[key] += spec.nbytes
     weight_bytes = sum(s.nbytes for s in specs)
     per_token = sum(s.bytes_per_token for s in specs)
     templates = Counter(l.template for l in bp.layers)

@@ -44,9 +44,11 @@ FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static"})
 def variant_for(target: Target, family: str) -> str:
     """kbpc's implementation of a family on a target."""
     if family in FP4_MMA_FAMILIES:
-        # sm_90 has no FP4 MMA: E2M1 x E4M3-scale values are exact in FP32, so the product runs on
-        # CUDA cores from the same NVFP4 bytes (the activation quantization is unchanged).
-        return "fp4_block_mma" if target.fp4_block_mma else "fp4_dequant_fma"
+        # Every target runs the exact integer path: E2M1 codes as small integers in DP4A dot
+        # products per 16-value group, scaled exactly (kernels/w4a4_mx.cuh). sm_90 has no FP4 MMA;
+        # on sm_120/121 the block-scaled MMA path exists in the header but is not used until it has
+        # been validated on such hardware.
+        return "e2m1_dp4a_exact"
     if family in ("wxay", "kda_gates_w8a8"):
         return "fp8_mma" if target.fp8_mma else "fp8_dequant_fma"
     return "cuda_core"
