@@ -32,10 +32,12 @@ def main() -> None:
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=4300.0,
               show_default=True, help="Memory bandwidth in GB/s for the bandwidth-floor estimate "
                                       "(4300 = measured H200 copy bandwidth).")
+@click.option("--context", type=click.IntRange(min=0), default=None,
+              help="Also estimate the bytes a step moves at this context (activations, state, caches).")
 @CONFIG_OPTION
 @TRUST_OPTION
 @reports_errors
-def inspect(blueprint: Path, as_json: bool, bandwidth: float, config_path: Path | None,
+def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | None, config_path: Path | None,
             trust_path: Path | None) -> None:
     """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
     weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
@@ -58,7 +60,7 @@ def inspect(blueprint: Path, as_json: bool, bandwidth: float, config_path: Path 
     from kbpc.report.inspect_blueprint import summarize
     from kbpc.report.render import render_blueprint_summary
 
-    summary = summarize(load_blueprint(blueprint, config_path), bandwidth)
+    summary = summarize(load_blueprint(blueprint, config_path), bandwidth, context)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

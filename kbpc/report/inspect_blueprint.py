@@ -41,7 +41,21 @@ def family_table(bp: Blueprint) -> dict[str, dict[str, int]]:
     return dict(sorted(table.items()))
 
 
-def summarize(bp: Blueprint, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS) -> dict[str, Any]:
+def step_bytes_at(bp: Blueprint, context: int) -> float:
+    """Bytes a decode step moves at `context` (weights, activations, state and caches), from the
+    lowered plan's buffers and kbpc.runtime.traffic's model."""
+    import json
+
+    from kbpc.ir.plan import Options
+    from kbpc.passes import run_pipeline
+    from kbpc.runtime.traffic import group_bytes
+
+    plan = json.loads(json.dumps(run_pipeline(bp, Options(max_context=context + 1)).to_json()))
+    return sum(group_bytes(bp, plan, context).values())
+
+
+def summarize(bp: Blueprint, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS,
+              context: int | None = None) -> dict[str, Any]:
     specs = weight_specs(bp)
     by_format: Counter[str] = Counter()
     for spec in specs:
@@ -55,7 +69,13 @@ def summarize(bp: Blueprint, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS) -> di
     weight_bytes = sum(s.nbytes for s in specs)
     per_token = sum(s.bytes_per_token for s in specs)
     templates = Counter(l.template for l in bp.layers)
+    extra = {}
+    if context is not None:
+        step = step_bytes_at(bp, context)
+        extra = {"context": context, "step_bytes_at_context": round(step),
+                 "roofline_tokens_per_s_at_context": bandwidth_gbs * 1e9 / step}
     return {
+        **extra,
         "schema": bp.meta.schema,
         "blueprint_id": bp.meta.blueprint_id,
         "source": bp.meta.source,

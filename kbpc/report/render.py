@@ -37,6 +37,9 @@ def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
         ("bandwidth floor", f"{s['roofline_step_ms']:.3f} ms/token = {s['roofline_tokens_per_s']:.1f} tok/s "
                             f"at {s['bandwidth_gbs']:,.0f} GB/s"),
     ]
+    if "context" in s:
+        overview.append((f"at context {s['context']:,}", f"{human_bytes(s['step_bytes_at_context'])}/token with "
+                         f"activations, state and caches = {s['roofline_tokens_per_s_at_context']:.1f} tok/s"))
     console.print(kv_table("Blueprint", overview))
     fmt = Table(title="Weight bytes by format", title_justify="left")
     fmt.add_column("format")

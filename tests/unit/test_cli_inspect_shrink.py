@@ -26,6 +26,13 @@ def test_inspect_json_seed(seed_path):
     assert data["roofline_tokens_per_s"] == pytest.approx(1000e9 / data["bytes_per_token"])
 
 
+def test_inspect_context_adds_state_traffic(tiny_path):
+    small = json.loads(run("inspect", tiny_path, "--json", "--context", "16").output)
+    large = json.loads(run("inspect", tiny_path, "--json", "--context", "4000").output)
+    assert small["step_bytes_at_context"] > small["bytes_per_token"]
+    assert large["step_bytes_at_context"] > small["step_bytes_at_context"]
+
+
 def test_inspect_table(tiny_path):
     result = run("inspect", tiny_path)
     assert result.exit_code == 0, result.output
