@@ -1,6 +1,7 @@
 """Pick and open the backend `kbpc run` uses for a model path."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from kbpc.errors import DeviceError, KbpcError
@@ -41,7 +42,11 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
             return "cuda", cb, cb.vocab
         bp = bm.blueprint
     else:
-        if backend == "cuda" or (backend == "auto" and gpu_present()):
+        can_build = shutil.which("nvcc") is not None
+        if backend == "cuda" and not can_build:
+            raise KbpcError("running a blueprint JSON on the GPU compiles it first, and nvcc is not on "
+                            "PATH; compile it elsewhere (kbpc compile) or use --backend reference", "--backend")
+        if backend == "cuda" or (backend == "auto" and can_build and gpu_present()):
             from kbpc.runtime.bundle_model import load_bundle_model
             from kbpc.runtime.cuda_backend import CudaBackend
             path, trust_ring = compile_for_gpu(Path(model), config, context)
