@@ -29,10 +29,6 @@ class Sources:
     files: dict[str, str]            # relative path -> text (src/step.cu, src/kernels/<name>.cu)
     step: StepProgram
 
-    @property
-    def kernel_tus(self) -> list[str]:
-        return sorted(p for p in self.files if p.startswith("src/kernels/"))
-
 
 def _env() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),

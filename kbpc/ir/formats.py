@@ -28,14 +28,6 @@ class Format:
             return dim + 4
         return dim * self.bits // 8
 
-    def weight_bytes(self, n: int, k: int) -> int:
-        """Bytes of an N x K weight in this format, scales included."""
-        if self.name == "nvfp4/g16":
-            return n * k // 2 + n * k // 16 + 4
-        if self.name in ("fp8/channel", "fp8/token"):
-            return n * k + 4 * n
-        return n * k * self.bits // 8
-
 
 FORMATS: dict[str, Format] = {
     f.name: f

@@ -39,10 +39,6 @@ class Node:
         """`linear:q` -> `linear`."""
         return self.op.split(":", 1)[0]
 
-    @property
-    def point_dict(self) -> dict[str, str]:
-        return dict(self.point)
-
 
 @dataclass(frozen=True)
 class Requant:

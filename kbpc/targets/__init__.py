@@ -15,10 +15,6 @@ class Target:
     fp8_mma: bool             # mma.sync ... e4m3 (sm_89+)
     fp4_block_mma: bool       # mma.sync ... kind::mxf4nvf4.block_scale (sm_120a/121a/121f)
 
-    @property
-    def arch_macro(self) -> str:
-        return self.name.removeprefix("sm_").rstrip("afF")
-
 
 TARGETS: dict[str, Target] = {
     t.name: t

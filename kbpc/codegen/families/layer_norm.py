@@ -5,14 +5,9 @@ from __future__ import annotations
 from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
+from kbpc.reference.layer_norm import block_threads  # the reference's rule: same reduction order
 
 BF = "__nv_bfloat16"
-
-
-def block_threads(d: int) -> int:
-    """The reference's block-size rule (kbpc.reference.layer_norm.block_threads)."""
-    from kbpc.reference.layer_norm import block_threads as rule
-    return rule(d)
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
