@@ -9,6 +9,7 @@ import networkx as nx
 from kbpc.errors import BlueprintError
 from kbpc.frontend.dims import eval_dim
 from kbpc.ir.formats import FORMATS, is_known
+from kbpc.ir.limits import MAX_DIM
 from kbpc.ir.ops import KNOWN_FAMILIES, is_known_op
 from kbpc.ir.records import Group, Node, Tensor
 
@@ -52,8 +53,9 @@ def check_edges(tensors: list[Tensor], by_order: dict[int, Node]) -> None:
             for value in (t.requant.src, t.requant.dst):
                 if not is_known(value):
                     raise BlueprintError(f"unknown requant format {value!r}", where)
-        if t.dim_value <= 0:
-            raise BlueprintError(f"dim_value must be positive, got {t.dim_value}", where)
+        if not 1 <= t.dim_value <= MAX_DIM:
+            raise BlueprintError(f"dim_value must be from 1 to {MAX_DIM} (kernels take sizes as 32-bit "
+                                 f"ints), got {t.dim_value}", where)
 
 
 def check_acyclic(graph: nx.MultiDiGraph, tensors: list[Tensor], by_order: dict[int, Node]) -> None:

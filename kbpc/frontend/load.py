@@ -1,7 +1,6 @@
 """Load a kbp-graph/v2 blueprint into the checked, typed IR (`Blueprint`)."""
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -12,33 +11,27 @@ from kbpc.errors import BlueprintError, KbpcError
 from kbpc.frontend.checks import (check_acyclic, check_bytes, check_edges, check_groups,
                                   check_nodes)
 from kbpc.frontend.collapsed import check_collapsed
-from kbpc.frontend.dims import DimFact, eval_dim, solve_symbols, symbols_of, parse_dim
+from kbpc.frontend.dims import (DimFact, check_dim_values, eval_dim, parse_dim, solve_symbols,
+                                symbols_of)
+from kbpc.frontend.names import check_names
 from kbpc.frontend.schema import check_structure
 from kbpc.ir.config import ModelConfig, detect_engine, load_config
 from kbpc.ir.graph import Blueprint, BlueprintMeta
+from kbpc.ir.limits import MAX_DIM
 from kbpc.ir.records import Group, Layer, Node, Precision, Requant, Tensor
+from kbpc.util.jsonload import MB, load_json_file
 
 # Where `kbpc shrink` records the symbols it set that no edge determines.
 CARRIED_SYMBOLS_KEY = "kbpc_model_symbols"
+# The seed blueprint (45 layers, 1,740 nodes) is 1.5 MB; this leaves room for far larger models.
+MAX_BLUEPRINT_BYTES = 64 * MB
 
 
 def read_json(path: Path) -> Any:
-    try:
-        text = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise BlueprintError("file not found", str(path)) from None
-    except IsADirectoryError:
-        raise BlueprintError("is a directory, not a blueprint file", str(path)) from None
-    try:
-        return json.loads(text)
-    except UnicodeDecodeError:
-        raise BlueprintError("not UTF-8 text (is it a JSON blueprint?)", str(path)) from None
-    except json.JSONDecodeError as exc:
-        # A JSON object or list ends with its closing bracket; a file that doesn't was cut short.
-        truncated = not text.rstrip().endswith((b"}", b"]")) or exc.pos >= len(text.rstrip())
-        why = f"{exc.msg}; the file ends early (truncated?)" if truncated else exc.msg
-        raise BlueprintError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {why}",
-                             str(path)) from None
+    """A blueprint file's JSON, read through the bounded loader (regular file, size, depth,
+    integer and Unicode limits)."""
+    return load_json_file(path, max_bytes=MAX_BLUEPRINT_BYTES, error=BlueprintError,
+                          what="blueprint file")
 
 
 def load_blueprint(path: Path | str, config_path: Path | None = None) -> Blueprint:
@@ -60,6 +53,7 @@ def blueprint_from_doc(doc: Any, source: str, config_path: Path | None = None) -
 
 def _build(doc: Any, source: str, config_path: Path | None) -> Blueprint:
     check_structure(doc)
+    check_names(doc)
     nodes = [_node(n) for n in doc["nodes"]]
     tensors = [_tensor(i, e) for i, e in enumerate(doc["edges"])]
     groups = [_group(g) for g in doc["groups"]]
@@ -118,7 +112,22 @@ def _solve(tensors: list[Tensor], config: ModelConfig) -> dict[str, int]:
         raise BlueprintError(
             f"the edges do not determine {', '.join(missing)}; set them in a config file "
             f'(--config FILE.json with {{"symbols": {{"{missing[0]}": ...}}}})')
+    check_dim_values(symbols)
+    for t in tensors:
+        if t.rows is not None:
+            _check_rows(t, symbols)
     return dict(sorted(symbols.items()))
+
+
+def _check_rows(t: Tensor, symbols: dict[str, int]) -> None:
+    """`rows` is a whole, positive number of rows per token (n = 1 token)."""
+    where = f"edge {t.id} (edges[{t.index}]): rows"
+    try:
+        value = eval_dim(t.rows, {**symbols, "n": 1})
+    except ZeroDivisionError as exc:
+        raise BlueprintError(f"`{t.rows}` is not a whole number of rows ({exc})", where) from None
+    if not 1 <= value <= MAX_DIM:
+        raise BlueprintError(f"`{t.rows}` = {value} rows per token; must be from 1 to {MAX_DIM}", where)
 
 
 def _node(n: dict) -> Node:

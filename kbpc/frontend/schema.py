@@ -84,6 +84,7 @@ def check_structure(doc: Any) -> None:
     if schema != SCHEMA:
         raise BlueprintError(f"unsupported schema {schema!r}: kbpc reads {SCHEMA!r}", "schema")
     check_fields(doc, TOP_FIELDS, "$")
+    _check_top(doc)
     for i, node in enumerate(doc["nodes"]):
         path = f"nodes[{i}]"
         check_fields(node, NODE_FIELDS, path)
@@ -106,6 +107,17 @@ def check_structure(doc: Any) -> None:
     _check_collapsed(doc["collapsed"])
 
 
+def _check_top(doc: dict) -> None:
+    if not doc["nodes"]:
+        raise BlueprintError("the blueprint has no nodes (an empty graph)", "nodes")
+    if doc["revision"] < 0:
+        raise BlueprintError(f"field 'revision' must not be negative, got {doc['revision']}", "$")
+    if not isinstance(doc.get("provenance") or {}, dict):
+        raise BlueprintError(f"must be an object, got {_describe(doc['provenance'])}", "provenance")
+    if not isinstance(doc["explain"].get("families", {}), dict):
+        raise BlueprintError("must be an object of family name: description", "explain.families")
+
+
 def _check_collapsed(collapsed: dict) -> None:
     check_fields(collapsed, COLLAPSED_FIELDS, "collapsed")
     for key in ("prologue", "layout", "epilogue"):
@@ -118,3 +130,9 @@ def _check_collapsed(collapsed: dict) -> None:
             check_fields(node["precision"], PRECISION_FIELDS, f"{path}.nodes[{i}].precision")
         for i, edge in enumerate(tpl["edges"]):
             check_fields(edge, TEMPLATE_EDGE_FIELDS, f"{path}.edges[{i}]")
+        check_list_of(tpl["instances"], int, f"{path}.instances")
+        for port, members in tpl["ports"].items():
+            if not isinstance(members, list):
+                raise BlueprintError(f"must be a list of node positions, got {_describe(members)}",
+                                     f"{path}.ports[{port!r}]")
+            check_list_of(members, int, f"{path}.ports[{port!r}]")

@@ -10,11 +10,15 @@ Where a blueprint's `explain` text states a value (epsilons, scales), that value
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kbpc.errors import ConfigError
+from kbpc.ir.limits import MAX_DIM, SYMBOL_NAME
+from kbpc.util.jsonload import MB, load_json_file
+
+MAX_CONFIG_BYTES = 1 * MB
+MAX_INT_CONSTANT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -75,26 +79,32 @@ def load_config(engine: str | None, path: Path | None = None,
                 carried: dict[str, int] | None = None) -> ModelConfig:
     """Defaults for `engine`, then symbols the blueprint carries (`carried`, written by `kbpc
     shrink`), then the JSON file at `path`."""
-    symbols = dict(carried or {})
+    symbols = _checked_symbols(carried or {}, "provenance.kbpc_model_symbols")
     constants = Constants()
     if path is not None:
         where = str(path)
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError("config file not found", where) from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", where) from None
+        data = load_json_file(path, max_bytes=MAX_CONFIG_BYTES, error=ConfigError, what="config file")
         if not isinstance(data, dict) or set(data) - {"symbols", "constants"}:
             raise ConfigError('expected an object with keys "symbols" and/or "constants"', where)
-        for name, value in (data.get("symbols") or {}).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"symbol {name!r} must be a positive integer, got {value!r}", f"{where}: symbols")
-            symbols[name] = value
+        for key in ("symbols", "constants"):
+            if not isinstance(data.get(key) or {}, dict):
+                raise ConfigError(f'"{key}" must be an object of name: value', where)
+        symbols.update(_checked_symbols(data.get("symbols") or {}, f"{where}: symbols"))
         constants = _override_constants(constants, data.get("constants") or {}, f"{where}: constants")
     defaults = ENGINE_DEFAULTS.get(engine or "", {})
     return ModelConfig(engine=engine or "unknown", symbols=tuple(sorted(symbols.items())),
                        defaults=tuple(sorted(defaults.items())), constants=constants)
+
+
+def _checked_symbols(values: dict, where: str) -> dict[str, int]:
+    out = {}
+    for name, value in values.items():
+        if not SYMBOL_NAME.fullmatch(name):
+            raise ConfigError(f"{name!r} is not a symbol name (letters, digits, _)", where)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+            raise ConfigError(f"symbol {name!r} must be an integer from 1 to {MAX_DIM}, got {value!r}", where)
+        out[name] = value
+    return out
 
 
 def _override_constants(base: Constants, values: dict, where: str) -> Constants:
@@ -106,5 +116,9 @@ def _override_constants(base: Constants, values: dict, where: str) -> Constants:
         kind = type(getattr(base, name))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
             raise ConfigError(f"constant {name!r} must be a {kind.__name__}, got {value!r}", where)
+        # Integer constants are counts and widths (iterations, taps, page size): a loop bound or an
+        # allocation in the kernels and the reference, so they stay small.
+        if kind is int and not 1 <= value <= MAX_INT_CONSTANT:
+            raise ConfigError(f"constant {name!r} must be from 1 to {MAX_INT_CONSTANT}, got {value!r}", where)
         changes[name] = kind(value)
     return dataclasses.replace(base, **changes)

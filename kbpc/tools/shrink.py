@@ -18,6 +18,7 @@ from kbpc.frontend.dims import DimFact, eval_dim, solve_symbols
 from kbpc.frontend.load import CARRIED_SYMBOLS_KEY, blueprint_from_doc
 from kbpc.ir.formats import FORMATS
 from kbpc.ir.graph import Blueprint
+from kbpc.ir.limits import MAX_DIM, SYMBOL_NAME
 
 # Toy sizes per engine family that respect every kernel family's constraints: NVFP4 K a multiple
 # of 128 (the W4A4 K-chunk), FP8 K-chunks of 128, and the head dims the families fix (KDA d_k =
@@ -39,10 +40,12 @@ def parse_assignments(items: tuple[str, ...]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.strip()) or not value.strip().isdigit():
+        value = value.strip()
+        if not sep or not SYMBOL_NAME.fullmatch(name.strip()) or not re.fullmatch(r"[0-9]{1,30}", value):
             raise KbpcError(f"expected symbol=positive-integer, got {item!r}", "--set")
-        if int(value) < 1:
-            raise KbpcError(f"{name} must be positive", "--set")
+        if not 1 <= int(value) <= MAX_DIM:
+            raise KbpcError(f"{name} must be from 1 to {MAX_DIM} (kernels take sizes as 32-bit ints), "
+                            f"got {value}", "--set")
         out[name.strip()] = int(value)
     return out
 
@@ -102,7 +105,11 @@ def _select(doc: dict, bp: Blueprint, keep: list[int]) -> dict:
     for layer in bp.layers:
         tpl = doc["collapsed"]["templates"][layer.template]
         members = [n.order for n in bp.nodes() if n.layer == layer.index]
-        port_out[layer.index] = members[tpl["ports"]["out"][0]]
+        out_port = tpl["ports"].get("out") or [-1]
+        if not 0 <= out_port[0] < len(members):
+            raise KbpcError(f"template {layer.template!r} has no usable 'out' port to reconnect layers",
+                            f"collapsed.templates[{layer.template!r}].ports")
+        port_out[layer.index] = members[out_port[0]]
     prologue_out = max(n.order for n in bp.nodes() if n.layer is None and n.order < port_out[0])
     last_kept_out = {}
     prev = prologue_out
