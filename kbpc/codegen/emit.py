@@ -9,6 +9,7 @@ from pathlib import Path
 import jinja2
 
 from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.escape import FILTERS
 from kbpc.codegen.families import lower_group
 from kbpc.codegen.records import (GroupCode, KernelInstance, StateBinding, StepProgram,
                                   WeightBinding)
@@ -31,9 +32,12 @@ class Sources:
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              autoescape=False)
+    # autoescape is for HTML; C++ text is escaped by the filters of escape.py where it is rendered
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters.update(FILTERS)
+    return env
 
 
 def build_step(plan: Plan, command: str) -> StepProgram:
@@ -67,8 +71,12 @@ def build_step(plan: Plan, command: str) -> StepProgram:
 
 
 def generate(plan: Plan, command: str) -> Sources:
-    step = build_step(plan, command)
-    header = GeneratedHeader(step.blueprint_id, step.plan_digest, command)
+    return render(build_step(plan, command))
+
+
+def render(step: StepProgram) -> Sources:
+    """The sources of a step program: src/step.cu and one TU per kernel instance."""
+    header = GeneratedHeader(step.blueprint_id, step.plan_digest, step.command)
     env = _env()
     files = {"src/step.cu": env.get_template("step.cu.j2").render(header=header, step=step)}
     uses: dict[str, list] = {}
