@@ -17,7 +17,13 @@ KERNELS_DIR = REPO_ROOT / "kernels"
 RUNTIME_STUB_DIR = REPO_ROOT / "runtime_stub"
 
 # Numerics: no FMA contraction (the reference rounds every product and sum), no fast math.
-BASE_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-lineinfo")
+# Safety: a constant that does not fit the parameter it is passed to (a size over 2**31 for an
+# `int`) is an error, not a silently truncated kernel argument: the front end's EDG diagnostics
+# 61 (integer operation result out of range), 63 (shift count too large), 68 (conversion changes
+# sign) and 69 (conversion truncates) become errors, and so do the host compiler's overflow and
+# narrowing warnings.
+BASE_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-lineinfo", "--diag-error", "61,63,68,69",
+              "-Xcompiler", "-Werror=overflow,-Werror=narrowing")
 
 
 def nvcc_path() -> str:
