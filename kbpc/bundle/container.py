@@ -16,7 +16,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from kbpc.bundle import zipfmt
 from kbpc.bundle.keys import Keyring, Signer
@@ -24,6 +24,7 @@ from kbpc.bundle.manifest import (MANIFEST, SCHEMA, SIGNATURE, canonical_json, c
                                   encode_signatures, parse_manifest, parse_signatures)
 from kbpc.errors import BundleError
 from kbpc.util.atomic import atomic_writer
+from kbpc.util.jsonload import parse_json
 
 _CHUNK = 1 << 20
 _Note = Callable[[str], None]  # told each check as it passes
@@ -259,6 +260,10 @@ class Bundle:
 
     def read(self, path: str) -> bytes:
         return b"".join(self._iter_checked(path))
+
+    def read_json(self, path: str) -> Any:
+        """A JSON member, parsed by the bounded loader (a signed bundle is still parsed with care)."""
+        return parse_json(self.read(path), f"{self.path}:{path}", error=BundleError, what=path)
 
     def extract(self, path: str, dest_dir: Path) -> Path:
         """Write one member under `dest_dir` at its member path (atomically; nothing is left if the

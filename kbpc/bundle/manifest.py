@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from kbpc.errors import BundleError
+from kbpc.util.jsonload import parse_json
 
 SCHEMA = "kbp-bundle/v1"
 MANIFEST = "manifest.json"
@@ -73,10 +74,7 @@ def check_members_field(manifest: dict) -> list[dict]:
 
 def parse_manifest(raw: bytes) -> dict:
     """Parse signed manifest bytes and check the schema and member list."""
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"manifest.json is not UTF-8 JSON: {exc}") from None
+    manifest = parse_json(raw, None, error=BundleError, what=MANIFEST)
     if not isinstance(manifest, dict):
         raise BundleError("manifest.json must hold a JSON object")
     if manifest.get("schema") != SCHEMA:
@@ -120,12 +118,9 @@ def _signature_entry(i: int, item: object) -> SignatureEntry:
 
 def parse_signatures(raw: bytes) -> list[SignatureEntry]:
     """Parse signature.json strictly: the hybrid suite, exactly one signature per algorithm."""
-    if len(raw) > _MAX_SIGNATURE_BYTES:
-        raise BundleError(f"signature.json is {len(raw)} bytes; at most {_MAX_SIGNATURE_BYTES} are allowed")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"signature.json is not UTF-8 JSON: {exc}") from None
+    # Parsed before any signature is checked, so bounded like every other input (size, depth, ints).
+    doc = parse_json(raw, None, error=BundleError, what=SIGNATURE, max_bytes=_MAX_SIGNATURE_BYTES,
+                     max_depth=4)
     if not isinstance(doc, dict) or set(doc) != {"suite", "signatures"}:
         raise BundleError("signature.json must be an object with exactly 'suite' and 'signatures'")
     if doc["suite"] != SUITE:

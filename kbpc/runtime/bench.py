@@ -7,7 +7,6 @@ read the same number of cache bytes as with real history (what decides their spe
 spending minutes decoding a long prompt first."""
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import defaultdict
@@ -20,7 +19,7 @@ from kbpc.runtime.traffic import family_bytes
 
 def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,
               weights: str = "synthetic:0") -> dict:
-    plan = json.loads(model.bundle.read("plan.json"))
+    plan = model.bundle.read_json("plan.json")
     backend = CudaBackend(model, weights, None)
     try:
         backend.position = min(context, backend.max_context - warmup - runs - 2)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kbpc.bundle.container import Bundle, open_bundle
 from kbpc.bundle.keys import Keyring, trusted_keyring
+from kbpc.errors import BundleError
 from kbpc.frontend.load import blueprint_from_doc
 from kbpc.ir.graph import Blueprint
 
@@ -25,13 +26,22 @@ class BundleModel:
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
     bundle = open_bundle(path, trust if trust is not None else trusted_keyring())
-    doc = json.loads(bundle.read("graph.json"))
+    try:
+        return BundleModel(bundle, _blueprint(bundle, path))
+    except BaseException:
+        bundle.close()
+        raise
+
+
+def _blueprint(bundle: Bundle, path: Path) -> Blueprint:
+    doc = bundle.read_json("graph.json")
     cfg = bundle.manifest.get("model_config") or {}
+    if not isinstance(cfg, dict):
+        raise BundleError("manifest.json: model_config must be an object", str(path))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump({"symbols": cfg.get("symbols", {}), "constants": cfg.get("constants", {})}, fh)
         cfg_path = Path(fh.name)
     try:
-        bp = blueprint_from_doc(doc, f"{path}:graph.json", cfg_path)
+        return blueprint_from_doc(doc, f"{path}:graph.json", cfg_path)
     finally:
         cfg_path.unlink(missing_ok=True)
-    return BundleModel(bundle, bp)

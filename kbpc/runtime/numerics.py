@@ -3,7 +3,6 @@ same synthetic weights and the same token sequence (teacher forcing: both sides 
 reference's greedy tokens, so one early disagreement cannot derail the rest)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,7 +90,7 @@ def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", step
     from kbpc.reference.formats import bf16_from_bits
     from kbpc.runtime.cuda_backend import CudaBackend
 
-    plan = json.loads(model.bundle.read("plan.json"))
+    plan = model.bundle.read_json("plan.json")
     if plan["options"].get("arena_reuse", True):
         raise KbpcError("comparing intermediates needs a bundle compiled with --debug-arena")
     bp = model.blueprint

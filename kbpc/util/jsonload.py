@@ -85,9 +85,10 @@ def load_json_file(path: Path | str, *, max_bytes: int, error: type[KbpcError] =
     return parse_json(data, str(path), error=error, what=what, max_depth=max_depth)
 
 
-def parse_json(data: bytes, where: str, *, error: type[KbpcError] = KbpcError, what: str = "JSON",
+def parse_json(data: bytes, where: str | None, *, error: type[KbpcError] = KbpcError, what: str = "JSON",
                max_bytes: int | None = None, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse UTF-8 JSON bytes with every bound above; failures are `error(..., where)`."""
+    """Parse UTF-8 JSON bytes with every bound above; failures are `error(..., where)` (with
+    where=None the caller adds the location, e.g. the bundle a member came from)."""
     if max_bytes is not None and len(data) > max_bytes:
         raise error(f"{what} is {len(data)} bytes; at most {max_bytes} are allowed", where)
     try:

@@ -3,8 +3,8 @@ reading memory-maps each file and checks every tensor the blueprint needs (prese
 finite), so a checkpoint can be streamed to the GPU without a host copy of the whole model."""
 from __future__ import annotations
 
-import json
 import struct
+from math import prod
 from pathlib import Path
 
 import ml_dtypes
@@ -14,6 +14,7 @@ from safetensors.numpy import save
 from kbpc.errors import WeightsError
 from kbpc.ir.weights import WeightSpec
 from kbpc.util.atomic import atomic_writer
+from kbpc.util.jsonload import parse_json
 
 # storage kind -> (safetensors dtype, numpy dtype to write with, numpy dtype we hold it as)
 _ST = {
@@ -47,11 +48,14 @@ def _read_header(path: Path) -> tuple[dict, int]:
             (size,) = struct.unpack("<Q", raw)
             if size > 100 << 20:
                 raise WeightsError("not a safetensors file (header size implausible)", str(path))
-            header = json.loads(fh.read(size))
+            data = fh.read(size)
     except FileNotFoundError:
         raise WeightsError("checkpoint file not found", str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WeightsError("not a safetensors file (header is not JSON)", str(path)) from None
+    except OSError as exc:
+        raise WeightsError(f"cannot read checkpoint: {exc.strerror or exc}", str(path)) from None
+    header = parse_json(data, str(path), error=WeightsError, what="safetensors header")
+    if not isinstance(header, dict):
+        raise WeightsError("not a safetensors file (the header is not a JSON object)", str(path))
     return header, 8 + size
 
 
@@ -68,16 +72,36 @@ def open_checkpoint(source: Path) -> dict[str, np.ndarray]:
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            dtype = _HOLD.get(info.get("dtype"))
-            if dtype is None:
-                raise WeightsError(f"tensor {name!r} has unsupported dtype {info.get('dtype')!r}", str(path))
-            start, end = info["data_offsets"]
-            if base + end > total:
-                raise WeightsError(f"tensor {name!r} runs past the end of the file (truncated?)", str(path))
-            count = int(np.prod(info["shape"], dtype=np.int64))
-            arr = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=(count,))
-            out[name] = arr.reshape(info["shape"])
+            dtype, shape, start = _entry(name, info, base, total, str(path))
+            count = prod(shape)
+            arr = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=(count,)) if count else \
+                np.zeros((0,), dtype)
+            out[name] = arr.reshape(shape)
     return out
+
+
+def _entry(name: str, info: object, base: int, total: int, where: str) -> tuple[type, list[int], int]:
+    """(held dtype, shape, data start) of one header entry, every field checked against the file."""
+    def bad(why: str) -> WeightsError:
+        return WeightsError(f"tensor {name!r}: {why}", where)
+
+    if not isinstance(info, dict):
+        raise bad("its header entry is not an object")
+    dtype = _HOLD.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+    if dtype is None:
+        raise bad(f"unsupported dtype {info.get('dtype')!r}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad("shape must be a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise bad("data_offsets must be [start, end] with 0 <= start <= end")
+    start, end = offsets
+    if base + end > total:
+        raise bad("runs past the end of the file (truncated?)")
+    if prod(shape) * np.dtype(dtype).itemsize != end - start:
+        raise bad(f"shape {shape} does not fill its {end - start} data bytes")
+    return dtype, shape, start
 
 
 def load_checkpoint(source: Path, specs: list[WeightSpec]) -> dict[str, np.ndarray]:
