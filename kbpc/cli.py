@@ -47,7 +47,7 @@ def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | Non
 
     if is_bundle(blueprint):
         from kbpc.bundle.container import open_bundle
-        from kbpc.bundle.keys import trusted_keyring
+        from kbpc.bundle.keystore import trusted_keyring
         from kbpc.report.inspect_bundle import render_bundle_summary, summarize_bundle
 
         with open_bundle(blueprint, trusted_keyring([trust_path] if trust_path else [])) as bundle:
@@ -116,7 +116,8 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
 @click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Longest sequence the state and caches are sized for.")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Private key file to sign with (default: the local default key, created on first use).")
+              help="Private key file to sign with (default: $KBPC_SIGNING_KEY, else the local default "
+                   "key, created on first use only at a terminal; in CI pass --key or set the variable).")
 @click.option("--weights", "weights_path", type=click.Path(path_type=Path), default=None,
               help="A safetensors checkpoint: its hashes are recorded (lite bundle), or with "
                    "--embed-weights it is stored in the bundle (full bundle).")
@@ -141,21 +142,19 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
     from rich.console import Console
     from rich.progress import Progress
 
-    from kbpc.bundle.keys import Signer, ensure_default_key
+    from kbpc.bundle.keystore import may_create_default_key, signing_key
     from kbpc.compiler import CompileRequest, compile_bundle
     from kbpc.ir.plan import Options
 
     if embed_weights and weights_path is None:
         raise KbpcError("--embed-weights needs --weights CHECKPOINT", "--embed-weights")
     err = Console(stderr=True)
-    if key_path is None:
-        key_path, created = ensure_default_key()
-        if created:
-            err.print(f"created a signing key: {key_path} (public keyring beside it)")
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
                                              arena_reuse=not debug_arena),
-                             signer=Signer.load(key_path), config=config_path, cache_dir=cache_dir,
+                             signer=signing_key(key_path, may_create_default_key(),
+                                                lambda note: click.echo(note, err=True)),
+                             config=config_path, cache_dir=cache_dir,
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
                              dump_dir=dump_dir)
     t0 = time.perf_counter()

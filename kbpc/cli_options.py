@@ -3,17 +3,30 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from pathlib import Path
 
 import click
 
-from kbpc.errors import KbpcError
+from kbpc.errors import MAX_LINE_CHARS, KbpcError, KbpcWarning, bounded
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, KbpcWarning):
+        click.echo(f"kbpc: warning: {bounded(str(message), MAX_LINE_CHARS)}", err=True)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def reports_errors(fn):
-    """Turn KbpcError into a one-line message on stderr and its exit code (2), no traceback."""
+    """Turn KbpcError into a one-line message on stderr and its exit code (2), no traceback;
+    print KbpcWarning as one `kbpc: warning:` line."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        warnings.showwarning = _show_warning
         try:
             return fn(*args, **kwargs)
         except KbpcError as exc:

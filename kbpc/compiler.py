@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from kbpc import __version__
-from kbpc.build.library import BuildResult, build_library
+from kbpc.build.library import BuildResult, build_library, default_cache_dir
 from kbpc.build.nvcc import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
@@ -26,6 +27,7 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
+from kbpc.util.atomic import check_writable_dir
 from kbpc.weights.checkpoint import open_checkpoint
 
 LIB_PATH = "lib/rank0/libkbp.so"
@@ -36,7 +38,7 @@ class CompileRequest:
     blueprint: Path
     output: Path
     options: Options
-    signer: Signer
+    signer: Signer | Callable[[], Signer]   # a function: creates the key once the input is checked
     config: Path | None = None
     cache_dir: Path | None = None
     jobs: int | None = None
@@ -55,12 +57,15 @@ class CompileResult:
 
 def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
                    on_object: Callable[[str, bool], None] | None = None) -> CompileResult:
+    _check_folders(req)
     on_stage("front end")
     bp = load_blueprint(req.blueprint, req.config)
     on_stage("passes")
     plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
+    signer = req.signer if isinstance(req.signer, Signer) else req.signer()
     on_stage("code generation")
-    command = f"kbpc compile {req.blueprint.name} --target {req.options.target} --max-context {req.options.max_context}"
+    command = (f"kbpc compile {shlex.quote(req.blueprint.name)} --target {req.options.target} "
+               f"--max-context {req.options.max_context}")
     sources = generate(plan, command)
     if req.dump_dir is not None:
         for rel, text in sources.files.items():
@@ -76,8 +81,17 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
         on_stage("bundle")
         members = _members(req, bp.raw, plan, sources, lib)
         manifest = _manifest(req, plan, sources, build)
-        final = write_bundle(req.output, manifest, members, req.signer)
+        final = write_bundle(req.output, manifest, members, signer)
     return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output))
+
+
+def _check_folders(req: CompileRequest) -> None:
+    """Every folder the compile writes to, checked before any work: a read-only output folder
+    fails now, not after the whole build."""
+    check_writable_dir(Path(req.output).parent, "output folder")
+    check_writable_dir(Path(req.cache_dir or default_cache_dir()), "cache folder")
+    if req.dump_dir is not None:
+        check_writable_dir(Path(req.dump_dir), "--dump-dir folder")
 
 
 def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:

@@ -42,6 +42,10 @@ class KbpcError(Exception):
         super().__init__(render(message, where))
 
 
+class KbpcWarning(UserWarning):
+    """Something the user should know that does not stop the command (the CLI prints one line)."""
+
+
 class BlueprintError(KbpcError):
     """The blueprint is malformed or inconsistent."""
 

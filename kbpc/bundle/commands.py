@@ -7,9 +7,12 @@ from pathlib import Path
 import click
 
 from kbpc.bundle.container import resign_bundle, verify_bundle
-from kbpc.bundle.keys import (Signer, default_key_dir, default_key_paths, ensure_default_key,
-                              generate_keys, trusted_keyring)
+from kbpc.bundle.keys import Signer
+from kbpc.bundle.keystore import (PRIVATE_NAME, PUBLIC_NAME, default_key_dir, generate_keys,
+                                  may_create_default_key, signing_key, trusted_keyring)
 from kbpc.cli_options import reports_errors
+from kbpc.errors import KbpcError
+from kbpc.settings import PASSPHRASE_ENV, key_passphrase
 from kbpc.report.render import human_bytes
 
 TRUST_OPTION = click.option(
@@ -20,16 +23,25 @@ TRUST_OPTION = click.option(
 
 @click.command()
 @click.option("-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for signing-key.json (private, mode 0600) and signing-key.pub.json "
+              help=f"Directory for {PRIVATE_NAME} (PKCS#8 PEM, mode 0600) and {PUBLIC_NAME} "
                    "(the keyring to share). Default: the kbpc config directory.")
 @click.option("--force", is_flag=True, help="Replace an existing private key there.")
+@click.option("--encrypt", is_flag=True,
+              help=f"Encrypt the private key with a passphrase ({PASSPHRASE_ENV}, or asked for at a terminal).")
 @reports_errors
-def keygen(output_dir: Path | None, force: bool) -> None:
+def keygen(output_dir: Path | None, force: bool, encrypt: bool) -> None:
     """Create a signing key: an Ed25519 and an ML-DSA-65 key pair. Bundles carry a signature from
     each; verifiers trust the public keyring."""
-    paths = generate_keys(output_dir or default_key_dir(), overwrite=force)
-    signer = Signer.load(paths.private)
-    click.echo(f"private key:    {paths.private}  (keep it secret)")
+    passphrase = None
+    if encrypt:
+        passphrase = key_passphrase()
+        if passphrase is None and not may_create_default_key():
+            raise KbpcError(f"--encrypt needs a passphrase: set {PASSPHRASE_ENV}", "--encrypt")
+        if passphrase is None:
+            passphrase = click.prompt("passphrase", hide_input=True, confirmation_prompt=True).encode()
+    paths = generate_keys(output_dir or default_key_dir(), overwrite=force, passphrase=passphrase)
+    signer = Signer.load(paths.private, passphrase)
+    click.echo(f"private key:    {paths.private}  (keep it secret{'; encrypted' if encrypt else ''})")
     click.echo(f"public keyring: {paths.public}  (give it to whoever verifies your bundles)")
     click.echo(f"key ids:        {', '.join(signer.key_ids)}")
 
@@ -37,7 +49,8 @@ def keygen(output_dir: Path | None, force: bool) -> None:
 @click.command()
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Private key file (default: your default key, created on first use).")
+              help="Private key file (default: $KBPC_SIGNING_KEY, else your default key, created on "
+                   "first use at a terminal).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the re-signed bundle here (default: replace BUNDLE, atomically).")
 @click.option("--trust", "trust_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -46,12 +59,8 @@ def keygen(output_dir: Path | None, force: bool) -> None:
 @reports_errors
 def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: tuple[Path, ...]) -> None:
     """Re-sign BUNDLE: a new signature.json from KEY; every other byte stays the same."""
-    if key_path is None:
-        key_path, created = ensure_default_key()
-        if created:
-            click.echo(f"created a default signing key at {key_path} (public keyring: "
-                       f"{default_key_paths().public})")
-    signer = Signer.load(key_path)
+    signer = signing_key(key_path, may_create_default_key(), lambda note: click.echo(note, err=True))
+    signer = signer if isinstance(signer, Signer) else signer()
     trust = trusted_keyring(trust_paths) if trust_paths else None
     key_ids = resign_bundle(bundle, signer, output, trust)
     click.echo(f"signed {output or bundle} with {', '.join(key_ids)}")
@@ -105,7 +114,6 @@ def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool) -> No
 def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool) -> None:
     import json
 
-    from kbpc.errors import KbpcError
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_numerics
     from kbpc.util.atomic import write_text_atomic

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,12 +212,20 @@ def _verify(fh: BinaryIO, trust: Keyring | None, note: _Note) -> _Verified:
 
 
 def _open_file(path: Path) -> BinaryIO:
+    """The bundle file, unbuffered (every read sees the file as it is now); only a regular file
+    (O_NONBLOCK: a FIFO named as a bundle is refused instead of waiting for a writer)."""
     try:
-        return open(path, "rb", buffering=0)  # unbuffered: every read sees the file as it is now
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise BundleError("no such bundle", str(path)) from None
     except OSError as exc:
         raise BundleError(f"cannot open bundle: {exc.strerror or exc}", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BundleError("not a regular file (a directory, device, pipe or socket), so not a bundle",
+                          str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
 
 
 def _with_path(exc: BundleError, path: Path) -> BundleError:

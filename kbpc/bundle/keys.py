@@ -1,55 +1,40 @@
 """Signing keys: one Ed25519 and one ML-DSA-65 key pair per signer (a hybrid suite, so a bundle
-stays trusted while either algorithm holds), a private key file and a public keyring file.
+stays trusted while either algorithm holds).
 
 Key id: "<alg>:" + the first 16 hex digits of SHA-256 over the raw public key bytes.
-Private key file (mode 0600): {"format": "kbpc-private-key/v1", "keys": [{alg, key_id, private_key}]}
-with the raw private keys base64-encoded (the 32-byte Ed25519 key and the 32-byte ML-DSA-65 seed).
-Keyring file: a JSON list of {alg, key_id, public_key}; it may hold the keys of many signers.
+Private key file (mode 0600): PKCS#8 PEM, optionally encrypted (kbpc/bundle/keyfile.py; the legacy
+JSON form is still read).
+Keyring file (mode 0644, JSON): a list of {"alg": "ed25519" | "ml-dsa-65", "key_id": ..., "public_key":
+base64 of the raw public key}; it may hold the keys of many signers, and a bundle is trusted when
+both of its signatures are by keys in it. Where key files live by default: kbpc/bundle/keystore.py.
 """
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
 import json
 import os
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
-import platformdirs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519, mldsa
 
-from kbpc.bundle.manifest import ALGORITHMS, SignatureEntry, canonical_json
-from kbpc.errors import KbpcError
-from kbpc.util.atomic import atomic_writer
+from kbpc.bundle.keyfile import (LEGACY_FORMAT, KeyFileError, PrivateKey, check_key_item,
+                                 decode_private, encode_pem, key_id)
+from kbpc.bundle.manifest import ALGORITHMS, SignatureEntry
+from kbpc.errors import KbpcWarning
+from kbpc.settings import key_passphrase
+from kbpc.util.atomic import atomic_writer, create_exclusive
+from kbpc.util.jsonload import MB, parse_json, read_regular_file
 
-PRIVATE_FORMAT = "kbpc-private-key/v1"
-PRIVATE_NAME = "signing-key.json"
-PUBLIC_NAME = "signing-key.pub.json"
-
-_PRIVATE_CLASSES = {"ed25519": ed25519.Ed25519PrivateKey, "ml-dsa-65": mldsa.MLDSA65PrivateKey}
+MAX_KEY_FILE_BYTES = 64 << 10
+MAX_KEYRING_BYTES = 16 * MB
 _PUBLIC_CLASSES = {"ed25519": ed25519.Ed25519PublicKey, "ml-dsa-65": mldsa.MLDSA65PublicKey}
 
-
-class KeyFileError(KbpcError):
-    """A private key file or keyring is missing, unreadable, corrupt or of the wrong kind."""
-
-
-def key_id(alg: str, public_raw: bytes) -> str:
-    return f"{alg}:{hashlib.sha256(public_raw).hexdigest()[:16]}"
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: object, where: str) -> bytes:
-    try:
-        return base64.b64decode(str(text).encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError):
-        raise KeyFileError("not valid base64", where) from None
+__all__ = ["KeyFileError", "Keyring", "PublicKey", "Signer", "key_id"]
 
 
 @dataclass(frozen=True)
@@ -71,30 +56,7 @@ class PublicKey:
         return True
 
     def to_json(self) -> dict:
-        return {"alg": self.alg, "key_id": self.key_id, "public_key": _b64(self.raw)}
-
-
-def _read_json(path: Path, what: str) -> object:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise KeyFileError(f"{what} not found", str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeyFileError(f"cannot read {what}: {exc}", str(path)) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KeyFileError(f"{what} is not valid JSON: {exc}", str(path)) from None
-
-
-def _check_item(item: object, secret_field: str, where: str) -> tuple[str, str, bytes]:
-    if not isinstance(item, dict) or set(item) != {"alg", "key_id", secret_field}:
-        raise KeyFileError(f"expected an object with exactly alg, key_id and {secret_field}", where)
-    if item["alg"] not in ALGORITHMS:
-        raise KeyFileError(f"unknown algorithm {item['alg']!r} (expected one of {', '.join(ALGORITHMS)})",
-                           where)
-    return item["alg"], item["key_id"], _unb64(item[secret_field], f"{where}.{secret_field}")
+        return {"alg": self.alg, "key_id": self.key_id, "public_key": base64.b64encode(self.raw).decode("ascii")}
 
 
 class Keyring:
@@ -108,22 +70,24 @@ class Keyring:
 
     @classmethod
     def load(cls, path: Path) -> "Keyring":
-        doc = _read_json(path, "keyring")
-        if isinstance(doc, dict) and doc.get("format") == PRIVATE_FORMAT:
+        data = read_regular_file(path, MAX_KEYRING_BYTES, KeyFileError, "keyring")
+        doc = None if data.lstrip().startswith(b"-----BEGIN") else \
+            parse_json(data, str(path), error=KeyFileError, what="keyring", max_depth=4)
+        if doc is None or (isinstance(doc, dict) and doc.get("format") == LEGACY_FORMAT):
             raise KeyFileError("this is a private key file, not a keyring; trust its public keyring "
-                               f"(the {PUBLIC_NAME} beside it)", str(path))
+                               "(the .pub.json beside it)", str(path))
         if not isinstance(doc, list):
             raise KeyFileError("a keyring must be a JSON list of {alg, key_id, public_key}", str(path))
         keys = []
         for i, item in enumerate(doc):
             where = f"{path}: [{i}]"
-            alg, kid, raw = _check_item(item, "public_key", where)
+            alg, kid, raw = check_key_item(item, "public_key", where)
             try:
                 key = PublicKey.from_raw(alg, raw)
             except ValueError as exc:
                 raise KeyFileError(f"malformed {alg} public key: {exc}", where) from None
             if key.key_id != kid:
-                raise KeyFileError(f"key_id {kid!r} does not match its public key ({key.key_id})", where)
+                raise KeyFileError(f"key_id {kid[:40]!r} does not match its public key ({key.key_id})", where)
             keys.append(key)
         return cls(keys, [str(path)])
 
@@ -142,10 +106,12 @@ class Keyring:
     def describe(self) -> str:
         return ", ".join(self.sources) if self.sources else "the given keyring"
 
+    def to_bytes(self) -> bytes:
+        return json.dumps([k.to_json() for k in self], indent=1).encode("utf-8") + b"\n"
+
     def save(self, path: Path) -> None:
-        with atomic_writer(path, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(json.dumps([k.to_json() for k in self], indent=1).encode("utf-8") + b"\n")
+        with atomic_writer(path, "wb", perms=0o644) as fh:
+            fh.write(self.to_bytes())
 
 
 class Signer:
@@ -153,7 +119,7 @@ class Signer:
 
     def __init__(self, ed25519_key: ed25519.Ed25519PrivateKey, mldsa_key: mldsa.MLDSA65PrivateKey,
                  source: str | None = None):
-        self._keys = {"ed25519": ed25519_key, "ml-dsa-65": mldsa_key}
+        self._keys: dict[str, PrivateKey] = {"ed25519": ed25519_key, "ml-dsa-65": mldsa_key}
         self.source = source
         self.public_keys = {alg: PublicKey.from_raw(alg, k.public_key().public_bytes_raw())
                             for alg, k in self._keys.items()}
@@ -163,32 +129,22 @@ class Signer:
         return cls(ed25519.Ed25519PrivateKey.generate(), mldsa.MLDSA65PrivateKey.generate())
 
     @classmethod
-    def load(cls, path: Path) -> "Signer":
-        doc = _read_json(path, "private key file")
-        if isinstance(doc, list):
-            raise KeyFileError("this is a public keyring, not a private key file (pass it to --trust)",
-                               str(path))
-        if not (isinstance(doc, dict) and doc.get("format") == PRIVATE_FORMAT
-                and isinstance(doc.get("keys"), list)):
-            raise KeyFileError(f"not a kbpc private key file (expected format {PRIVATE_FORMAT!r})", str(path))
-        found = {}
-        for i, item in enumerate(doc["keys"]):
-            where = f"{path}: keys[{i}]"
-            alg, kid, raw = _check_item(item, "private_key", where)
-            try:
-                key = (_PRIVATE_CLASSES[alg].from_private_bytes(raw) if alg == "ed25519"
-                       else _PRIVATE_CLASSES[alg].from_seed_bytes(raw))
-            except ValueError as exc:
-                raise KeyFileError(f"malformed {alg} private key: {exc}", where) from None
-            if key_id(alg, key.public_key().public_bytes_raw()) != kid:
-                raise KeyFileError(f"key_id {kid!r} does not match its private key", where)
-            if alg in found:
-                raise KeyFileError(f"holds two {alg} keys", str(path))
-            found[alg] = key
-        missing = [alg for alg in ALGORITHMS if alg not in found]
-        if missing:
-            raise KeyFileError(f"has no {' or '.join(missing)} key; a signer needs both", str(path))
-        return cls(found["ed25519"], found["ml-dsa-65"], str(path))
+    def load(cls, path: Path, passphrase: bytes | None = None) -> "Signer":
+        """The signer in a private key file (PEM, or the legacy JSON form). The passphrase of an
+        encrypted key: `passphrase`, else KBPC_SIGNING_KEY_PASSPHRASE. Warns when other users can
+        read the file."""
+        data = read_regular_file(path, MAX_KEY_FILE_BYTES, KeyFileError, "private key file")
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            warnings.warn(KbpcWarning(f"{path}: the private key file is readable or writable by other "
+                                      f"users (mode {mode:04o}); `chmod 600 {path}` keeps it private"),
+                          stacklevel=2)
+        return cls.from_bytes(data, str(path), passphrase)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str, passphrase: bytes | None = None) -> "Signer":
+        keys = decode_private(data, source, passphrase or key_passphrase())
+        return cls(keys["ed25519"], keys["ml-dsa-65"], source)
 
     @property
     def key_ids(self) -> list[str]:
@@ -201,73 +157,14 @@ class Signer:
         return [SignatureEntry(alg, self.public_keys[alg].key_id, self._keys[alg].sign(data))
                 for alg in ALGORITHMS]
 
-    def save(self, path: Path) -> None:
-        # private_bytes_raw() of an ML-DSA-65 key is its 32-byte seed, which from_seed_bytes reloads
-        doc = {"format": PRIVATE_FORMAT, "keys": [
-            {"alg": alg, "key_id": self.public_keys[alg].key_id,
-             "private_key": _b64(self._keys[alg].private_bytes_raw())}
-            for alg in ALGORITHMS]}
-        with atomic_writer(path, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o600)
-            fh.write(canonical_json(doc))
+    def to_pem(self, passphrase: bytes | None = None) -> bytes:
+        return encode_pem([self._keys[alg] for alg in ALGORITHMS], passphrase)
 
-
-@dataclass(frozen=True)
-class KeyPairPaths:
-    private: Path
-    public: Path
-
-
-def key_paths(directory: Path) -> KeyPairPaths:
-    directory = Path(directory)
-    return KeyPairPaths(directory / PRIVATE_NAME, directory / PUBLIC_NAME)
-
-
-def generate_keys(directory: Path, overwrite: bool = False) -> KeyPairPaths:
-    """Write a new signer's private key file (0600) and public keyring into `directory`.
-    The keyring is written first: a private key file never exists without its keyring."""
-    paths = key_paths(directory)
-    if paths.private.exists() and not overwrite:
-        raise KeyFileError("a private key already exists here; refusing to overwrite it", str(paths.private))
-    signer = Signer.generate()
-    signer.keyring().save(paths.public)
-    signer.save(paths.private)
-    return paths
-
-
-def default_key_dir() -> Path:
-    return Path(platformdirs.user_config_dir("kbpc")) / "keys"
-
-
-def default_key_paths() -> KeyPairPaths:
-    return key_paths(default_key_dir())
-
-
-def ensure_default_key() -> tuple[Path, bool]:
-    """(path of the default private key, whether it was created now). The default keyring is
-    made to hold the key's public halves: rebuilt if lost, and completed if two processes raced
-    to create the key (each writes its keyring, then its private key; the last private key wins)."""
-    paths = default_key_paths()
-    created = not paths.private.exists()
-    if created:
-        generate_keys(paths.private.parent, overwrite=True)
-    signer = Signer.load(paths.private)
-    ring = Keyring.load(paths.public) if paths.public.exists() else Keyring()
-    if any(ring.get(kid) is None for kid in signer.key_ids):
-        ring.merged(signer.keyring()).save(paths.public)
-    return paths.private, created
-
-
-def trusted_keyring(paths: Sequence[Path] = ()) -> Keyring:
-    """The keyrings at `paths`, merged; with none, the default key's keyring (what --trust defaults to)."""
-    if not paths:
-        default = default_key_paths().public
-        if not default.exists():
-            raise KeyFileError("no --trust keyring given and no default keyring here; pass --trust "
-                               "KEYRING (the signer's .pub.json) or create a key with `kbpc keygen`",
-                               str(default))
-        paths = (default,)
-    keyring = Keyring()
-    for path in paths:
-        keyring = keyring.merged(Keyring.load(path))
-    return keyring
+    def save(self, path: Path, passphrase: bytes | None = None, replace: bool = True) -> bool:
+        """Write the private key file (0600, atomically). With replace=False, only if no file has
+        that name yet; returns whether this call wrote it."""
+        if not replace:
+            return create_exclusive(path, self.to_pem(passphrase), perms=0o600)
+        with atomic_writer(path, "wb", perms=0o600) as fh:
+            fh.write(self.to_pem(passphrase))
+        return True

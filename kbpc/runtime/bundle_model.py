@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbpc.bundle.container import Bundle, open_bundle
-from kbpc.bundle.keys import Keyring, trusted_keyring
+from kbpc.bundle.keys import Keyring
+from kbpc.bundle.keystore import trusted_keyring
 from kbpc.errors import BundleError
 from kbpc.frontend.load import blueprint_from_doc
 from kbpc.ir.graph import Blueprint

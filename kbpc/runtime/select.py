@@ -1,18 +1,34 @@
 """Pick and open the backend `kbpc run` uses for a model path."""
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from pathlib import Path
 
 from kbpc.errors import DeviceError, KbpcError
 
 
+BUNDLE_SUFFIX = ".kbp"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")   # a zip's first local header, or an empty zip
+
+
 def is_bundle(path: Path) -> bool:
+    """Whether the user names `path` as a bundle: its suffix is .kbp (any case) or it starts like a
+    zip file. Such a path must verify as a bundle (a damaged one is reported as a damaged bundle);
+    it is never read as a blueprint. Anything else is a blueprint JSON."""
+    if Path(path).suffix.lower() == BUNDLE_SUFFIX:
+        return True
     try:
-        with open(path, "rb") as fh:
-            return fh.read(4) == b"PK\x03\x04"
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False   # the blueprint loader reports a missing or unreadable file
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 4) in _ZIP_MAGIC
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 def gpu_present() -> bool:
@@ -60,23 +76,38 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
 
 def compile_for_gpu(blueprint: Path, config: Path | None, context: int):
     """Compile a blueprint for the local GPU into the user cache (reused while the blueprint,
-    config, context and kbpc are unchanged), signed with the local default key."""
+    config, context and kbpc are unchanged), signed with the local default key (created, with a
+    note, once the blueprint has been checked: this bundle never leaves the machine)."""
     import hashlib
+    import re
+    import warnings
 
     import platformdirs
 
     from kbpc import __version__
-    from kbpc.bundle.keys import Keyring, Signer, default_key_paths, ensure_default_key
+    from kbpc.bundle.keys import Keyring
+    from kbpc.bundle.keystore import default_key_paths, ensure_default_key
     from kbpc.compiler import CompileRequest, compile_bundle
+    from kbpc.errors import BlueprintError, ConfigError, KbpcWarning
+    from kbpc.frontend.load import MAX_BLUEPRINT_BYTES
+    from kbpc.ir.config import MAX_CONFIG_BYTES
     from kbpc.ir.plan import Options
+    from kbpc.util.jsonload import read_regular_file
 
-    key_path, _ = ensure_default_key()
+    def default_signer():
+        key = ensure_default_key(allow_create=True)
+        for note in key.notes:
+            warnings.warn(KbpcWarning(note), stacklevel=2)
+        return key.signer
+
     digest = hashlib.sha256()
-    for part in (blueprint.read_bytes(), config.read_bytes() if config else b"", str(context).encode(),
-                 __version__.encode()):
+    for part in (read_regular_file(blueprint, MAX_BLUEPRINT_BYTES, BlueprintError, "blueprint file"),
+                 read_regular_file(config, MAX_CONFIG_BYTES, ConfigError, "config file") if config else b"",
+                 str(context).encode(), __version__.encode()):
         digest.update(part)
-    out = Path(platformdirs.user_cache_dir("kbpc")) / "run" / f"{blueprint.stem}-{digest.hexdigest()[:16]}.kbp"
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", blueprint.stem)[:64]
+    out = Path(platformdirs.user_cache_dir("kbpc")) / "run" / f"{stem}-{digest.hexdigest()[:16]}.kbp"
     if not out.exists():
         compile_bundle(CompileRequest(blueprint=blueprint, output=out, options=Options(max_context=max(context, 16)),
-                                      signer=Signer.load(key_path), config=config))
+                                      signer=default_signer, config=config))
     return out, Keyring.load(default_key_paths().public)

@@ -11,13 +11,11 @@ PyCUDA is imported lazily: importing this module costs nothing on a machine with
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, compile_cuda
+from kbpc.settings import gpu_test_cubin_cache
 from kbpc.targets import get_target
 
 # Poison bytes: 0xFF makes every float (FP32, BF16 bits, E4M3 codes) a NaN, which no kernel of the
@@ -25,7 +23,7 @@ from kbpc.targets import get_target
 FLOAT_POISON_BYTE = 0xFF
 INT_POISON_BYTE = 0xA5
 
-_CACHE_DIR = Path(os.environ.get("KBPC_TEST_CUBIN_CACHE", tempfile.gettempdir())) / "kbpc-test-cubins"
+_CACHE_DIR = gpu_test_cubin_cache()
 
 
 def _cuda():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kbpc.bundle.keys import generate_keys
+from kbpc.bundle.keystore import generate_keys
 from kbpc.cli import main
 
 pytestmark = pytest.mark.nvcc
