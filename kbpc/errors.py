@@ -10,7 +10,7 @@ import re
 MAX_WHERE_CHARS = 300
 MAX_LINE_CHARS = 1000
 MAX_LINES = 200
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def bounded(text: str, limit: int) -> str:
@@ -21,8 +21,10 @@ def bounded(text: str, limit: int) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
-def render(message: str, where: str | None) -> str:
-    lines = str(message).split("\n")
+def render(message: str, where: str | None, multiline: bool = False) -> str:
+    """`where: message`, bounded; a newline in the message is shown as an escape unless
+    `multiline` (a compiler log), so an error stays one line whatever the input held."""
+    lines = str(message).split("\n") if multiline else [str(message).replace("\n", "\\n")]
     shown = [bounded(line, MAX_LINE_CHARS) for line in lines[:MAX_LINES]]
     if len(lines) > MAX_LINES:
         shown.append(f"... ({len(lines) - MAX_LINES} more lines)")
@@ -35,11 +37,12 @@ class KbpcError(Exception):
     Its text (`str(exc)`) is bounded: see `render`."""
 
     exit_code = 2
+    multiline = False
 
     def __init__(self, message: str, where: str | None = None):
         self.message = message
         self.where = where
-        super().__init__(render(message, where))
+        super().__init__(render(message, where, self.multiline))
 
 
 class KbpcWarning(UserWarning):
@@ -60,6 +63,8 @@ class WeightsError(KbpcError):
 
 class BuildError(KbpcError):
     """nvcc failed; the message carries the command, the source and the log."""
+
+    multiline = True
 
 
 class BundleError(KbpcError):

@@ -87,7 +87,7 @@ def load_config(engine: str | None, path: Path | None = None,
         if not isinstance(data, dict) or set(data) - {"symbols", "constants"}:
             raise ConfigError('expected an object with keys "symbols" and/or "constants"', where)
         for key in ("symbols", "constants"):
-            if not isinstance(data.get(key) or {}, dict):
+            if data.get(key) is not None and not isinstance(data[key], dict):
                 raise ConfigError(f'"{key}" must be an object of name: value', where)
         symbols.update(_checked_symbols(data.get("symbols") or {}, f"{where}: symbols"))
         constants = _override_constants(constants, data.get("constants") or {}, f"{where}: constants")

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kbpc.bundle.container import Bundle
-from kbpc.report.render import kv_table, human_bytes
+from kbpc.report.render import cell, human_bytes, kv_table
 
 _MEMBER_ROWS = 60  # longer member lists are cut, with the directory totals still complete
 
@@ -71,14 +71,14 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
     for col in ("directory", "files", "bytes"):
         dirs.add_column(col, justify="left" if col == "directory" else "right")
     for name, row in s["by_directory"].items():
-        dirs.add_row(name, f"{row['files']:,}", human_bytes(row["bytes"]))
+        dirs.add_row(cell(name), f"{row['files']:,}", human_bytes(row["bytes"]))
     console.print(dirs)
     table = Table(title="Members", title_justify="left")
     table.add_column("path")
     table.add_column("bytes", justify="right")
     table.add_column("sha256")
     for r in s["members"][:_MEMBER_ROWS]:
-        table.add_row(r["path"], f"{r['size']:,}", r["sha256"][:16] + "…")
+        table.add_row(cell(r["path"]), f"{r['size']:,}", r["sha256"][:16] + "…")
     if len(s["members"]) > _MEMBER_ROWS:
         table.add_row(f"… {len(s['members']) - _MEMBER_ROWS} more", "", "")
     console.print(table)

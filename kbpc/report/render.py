@@ -5,6 +5,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from kbpc.errors import bounded
 
 
 def human_bytes(n: float) -> str:
@@ -15,12 +18,19 @@ def human_bytes(n: float) -> str:
     return f"{n} TB"
 
 
+def cell(value: Any) -> Text:
+    """A table cell showing `value` as plain text: report values come from blueprints and bundles,
+    and rich would read `[...]` in them as markup (and fail on a stray `[/]`) and pass terminal
+    escapes through; control characters are shown escaped and long values cut."""
+    return Text(bounded(str(value), 1000))
+
+
 def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(cell(key), cell(value))
     return table
 
 
@@ -45,18 +55,18 @@ def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
     fmt.add_column("format")
     fmt.add_column("bytes", justify="right")
     for name, value in s["weight_bytes_by_format"].items():
-        fmt.add_row(name, human_bytes(value))
+        fmt.add_row(cell(name), human_bytes(value))
     console.print(fmt)
     fam = Table(title="Kernel families", title_justify="left")
     for col in ("family", "groups", "launches", "nodes"):
         fam.add_column(col, justify="left" if col == "family" else "right")
     for name, row in s["families"].items():
-        fam.add_row(name, str(row["groups"]), str(row["launches"]), str(row["nodes"]))
+        fam.add_row(cell(name), str(row["groups"]), str(row["launches"]), str(row["nodes"]))
     console.print(fam)
     ops = Table(title="Nodes by op", title_justify="left")
     ops.add_column("op")
     ops.add_column("nodes", justify="right")
     for name, count in s["nodes_by_op"].items():
-        ops.add_row(name, str(count))
+        ops.add_row(cell(name), str(count))
     console.print(ops)
     console.print(kv_table("Symbols", [(k, f"{v:,}") for k, v in s["symbols"].items()]))
