@@ -3,7 +3,7 @@
 # interpreter (kbpc verify --numerics), the 128-expert seed decoding and benchmarked at 1k and 16k
 # context, then the GPU kernel tests. Bundles are compiled beforehand (any machine with nvcc) into
 # out/ and carried with the keyring:
-#   kbpc compile examples/tiny.graph.json -o out/tiny.kbp --key out/keys/signing-key.json
+#   kbpc compile examples/tiny.graph.json -o out/tiny.kbp --key out/keys/signing-key.pem
 #   kbpc shrink <seed> -o out/seed-e128.json --set experts=128
 #   kbpc compile out/seed-e128.json -o out/seed-e128.kbp --max-context 17000 --key ...
 # Usage: scripts/gpu-e2e.sh [OUTDIR]   (writes logs and JSON results under OUTDIR, default $OUT)

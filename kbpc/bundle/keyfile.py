@@ -2,9 +2,10 @@
 
 Format (kbpc >= 0.1, written by `kbpc keygen`): a PEM file holding two PKCS#8 blocks, the Ed25519
 key and the ML-DSA-65 key (in its 32-byte seed form), each `BEGIN PRIVATE KEY`, or `BEGIN
-ENCRYPTED PRIVATE KEY` (PKCS#8 PBES2, AES-256-CBC) when the key has a passphrase. `cryptography`
-48 serializes both algorithms to PKCS#8 and OpenSSL 3.5 reads them, so the file is a standard
-one: `openssl pkey -in signing-key.pem` shows the first block.
+ENCRYPTED PRIVATE KEY` (PKCS#8 PBES2) when the key has a passphrase. `cryptography` 48
+serializes both algorithms to PKCS#8 (ML-DSA in the seed form), so the file is a standard one:
+`openssl pkey -in signing-key.pem` reads the Ed25519 block with any OpenSSL 3, the ML-DSA-65
+block with OpenSSL 3.5 or later.
 
 Legacy format (read, never written): the JSON object {"format": "kbpc-private-key/v1", "keys":
 [{alg, key_id, private_key}]} with the raw private keys base64-encoded. Existing keys keep working;

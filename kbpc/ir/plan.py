@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
+from kbpc.ir.limits import MAX_DIM
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
 
@@ -27,8 +28,8 @@ class Options:
         get_target(self.target)
         if self.tp < 1:
             raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
-        if self.max_context < 1:
-            raise KbpcError("max context must be positive", "--max-context")
+        if not 1 <= self.max_context <= MAX_DIM:   # positions reach the kernels as 32-bit ints
+            raise KbpcError(f"max context must be from 1 to {MAX_DIM}, got {self.max_context}", "--max-context")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
     from kbpc.runtime.cuda_backend import CudaBackend
 
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights), positions)
+    ref = ReferenceBackend(bp, load_weights(bp, weights, positions), positions)
     gpu = CudaBackend(model, weights, positions)
     report = NumericsReport(positions)
     token = first_token
@@ -94,7 +94,7 @@ def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", step
     if plan["options"].get("arena_reuse", True):
         raise KbpcError("comparing intermediates needs a bundle compiled with --debug-arena")
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights), steps)
+    ref = ReferenceBackend(bp, load_weights(bp, weights, steps), steps)
     ref.interpreter.keep_values = True
     gpu = CudaBackend(model, weights, steps)
     try:

@@ -8,35 +8,37 @@ import numpy as np
 
 from kbpc.errors import KbpcError, WeightsError
 from kbpc.ir.graph import Blueprint
+from kbpc.ir.plan import Options, Plan
 from kbpc.ir.weights import WeightSpec, weight_specs
+from kbpc.passes.plan_memory import state_buffers
+from kbpc.reference.interpreter import Interpreter
 from kbpc.report.render import human_bytes
 from kbpc.util.hostmem import available_host_bytes
-from kbpc.reference.interpreter import Interpreter
 from kbpc.weights.checkpoint import check_finite, load_checkpoint
 from kbpc.weights.synthetic import parse_seed, synthetic_weights
 
 
-def check_host_memory(specs: list[WeightSpec], resident: bool) -> None:
-    """Refuse, with the numbers, a model whose weights do not fit in host memory. `resident`:
-    the weights are allocated (synthetic); otherwise they are memory-mapped and only the largest
-    one, decoded to FP32 inside a step, must fit."""
-    if not specs:
-        return
+def check_host_memory(bp: Blueprint, specs: list[WeightSpec], resident: bool, context: int) -> None:
+    """Refuse, with the numbers, a model that does not fit in host memory: its weights when they
+    are allocated (`resident`: synthetic; a checkpoint is memory-mapped), the largest weight
+    decoded to FP32 inside a step, and the sequence state and caches for `context` tokens."""
     weights = sum(s.nbytes for s in specs) if resident else 0
-    working = max(prod(s.shape) for s in specs) * 4
-    available = available_host_bytes()
-    if available is not None and weights + working > available:
+    working = max((prod(s.shape) for s in specs), default=0) * 4
+    state = sum(b.nbytes for b in state_buffers(Plan(blueprint=bp, options=Options(max_context=context))))
+    needed, available = weights + working + state, available_host_bytes()
+    if available is not None and needed > available:
         raise KbpcError(
-            f"the reference backend needs about {human_bytes(weights + working)} of host memory "
-            f"({human_bytes(weights)} of weights, {human_bytes(working)} to decode the largest one) but "
-            f"{human_bytes(available)} is available; run a smaller blueprint (kbpc shrink --preset "
-            "tiny) or use the GPU backend", "--backend reference")
+            f"the reference backend needs about {human_bytes(needed)} of host memory ({human_bytes(weights)} "
+            f"of weights, {human_bytes(working)} to decode the largest one, {human_bytes(state)} of state "
+            f"for {context:,} tokens) but {human_bytes(available)} is available; run a smaller blueprint "
+            "(kbpc shrink --preset tiny), a shorter context, or the GPU backend", "--backend reference")
 
 
-def load_weights(bp: Blueprint, source: str) -> dict[str, np.ndarray]:
-    """`synthetic:SEED` or a safetensors file/folder, checked against the blueprint's specs."""
+def load_weights(bp: Blueprint, source: str, context: int = 1) -> dict[str, np.ndarray]:
+    """`synthetic:SEED` or a safetensors file/folder, checked against the blueprint's specs, once
+    the host is known to hold them and `context` tokens of state."""
     specs = weight_specs(bp)
-    check_host_memory(specs, resident=source.startswith("synthetic:"))
+    check_host_memory(bp, specs, source.startswith("synthetic:"), context)
     if source.startswith("synthetic:"):
         weights = synthetic_weights(bp, parse_seed(source))
         for spec in specs:

@@ -70,7 +70,7 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
             return "cuda", cb, cb.vocab
         from kbpc.frontend.load import load_blueprint
         bp = load_blueprint(model, config)
-    ref = ReferenceBackend(bp, load_weights(bp, weights), context)
+    ref = ReferenceBackend(bp, load_weights(bp, weights, context), context)
     return "reference", ref, ref.vocab
 
 

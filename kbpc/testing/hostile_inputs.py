@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import hashlib
 import json
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kbpc.bundle import zipfmt
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.keystore import KeyPairPaths, generate_keys
 from kbpc.bundle.manifest import MANIFEST, SIGNATURE, canonical_json, encode_signatures
+from kbpc.codegen.records import StepProgram
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.graph.json"
 
@@ -205,3 +207,19 @@ def forge_bundle(out: Path, fx: Fixture, members: dict[str, bytes] | None = None
         zw.add_bytes(MANIFEST, manifest)
         zw.add_bytes(SIGNATURE, signature)
         zw.finish()
+
+
+def step_with_text(step: StepProgram, text: Callable[[str], str]) -> StepProgram:
+    """`step` with every text field the templates render replaced by text(field name): the blueprint
+    id, plan digest, command and target, and each group's rule, family and node ids, each launch's
+    node ids and each kernel instance's family."""
+    groups = tuple(dataclasses.replace(
+        g, rule=text("rule"), family=text("family"), nodes=tuple(text("node") for _ in g.nodes),
+        launches=tuple(dataclasses.replace(l, nodes=tuple(text("lnode") for _ in l.nodes),
+                                           instance=dataclasses.replace(l.instance, family=text("ifam")))
+                       for l in g.launches))
+        for g in step.groups)
+    instances = tuple(dataclasses.replace(i, family=text("ifam")) for i in step.instances)
+    return dataclasses.replace(step, blueprint_id=text("bid"), plan_digest=text("digest"),
+                               command=text("command"), target=text("target"), groups=groups,
+                               instances=instances)

@@ -4,7 +4,6 @@ field of the records they receive has the same C++ tokens, line by line, as a be
 string literals decode back to exactly the values given."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
@@ -18,6 +17,7 @@ from kbpc.codegen.records import StepProgram
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
+from kbpc.testing.hostile_inputs import step_with_text
 
 from conftest import TINY_BLUEPRINT
 
@@ -74,20 +74,6 @@ def tiny_step() -> StepProgram:
     return build_step(plan, "kbpc compile tiny.graph.json --target sm_90")
 
 
-def with_text(step: StepProgram, text) -> StepProgram:
-    """`step` with every text field the templates render replaced by text(field name)."""
-    groups = tuple(dataclasses.replace(
-        g, rule=text("rule"), family=text("family"), nodes=tuple(text("node") for _ in g.nodes),
-        launches=tuple(dataclasses.replace(l, nodes=tuple(text("lnode") for _ in l.nodes),
-                                           instance=dataclasses.replace(l.instance, family=text("ifam")))
-                       for l in g.launches))
-        for g in step.groups)
-    instances = tuple(dataclasses.replace(i, family=text("ifam")) for i in step.instances)
-    return dataclasses.replace(step, blueprint_id=text("bid"), plan_digest=text("digest"),
-                               command=text("command"), target=text("target"), groups=groups,
-                               instances=instances)
-
-
 def test_c_string_round_trips_and_stays_one_literal():
     for value in SNIPPETS + ["plain", "x" * 500]:
         body = c_string(value)
@@ -118,8 +104,8 @@ def test_c_include_refuses_anything_but_a_header_name():
 @given(st.dictionaries(st.sampled_from(["bid", "digest", "command", "target", "rule", "family", "node",
                                         "lnode", "ifam"]), HOSTILE, min_size=9))
 def test_hostile_strings_leave_the_cpp_tokens_unchanged(values):
-    benign = render(with_text(tiny_step(), lambda field: "x"))
-    hostile = render(with_text(tiny_step(), lambda field: values[field]))
+    benign = render(step_with_text(tiny_step(), lambda field: "x"))
+    hostile = render(step_with_text(tiny_step(), lambda field: values[field]))
     assert benign.files.keys() == hostile.files.keys()
     for path, text in hostile.files.items():
         got, want = lex_lines(text), lex_lines(benign.files[path])

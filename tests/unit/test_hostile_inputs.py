@@ -252,6 +252,8 @@ def test_reference_backend_refuses_what_host_memory_cannot_hold(tmp_path, monkey
     monkeypatch.setattr("kbpc.runtime.reference_backend.available_host_bytes", lambda: 16 * 10**9)
     line = refused("run", SEED_BLUEPRINT, "--backend", "reference", "--max-new-tokens", "1")
     assert "178.73 GB of weights" in line and "16.00 GB is available" in line
+    line = refused("run", TINY_BLUEPRINT, "--backend", "reference", "--context", "1000000000")
+    assert "GB of state for 1,000,000,000 tokens" in line
 
 
 # -- 11.9: small ones -----------------------------------------------------------------------------
