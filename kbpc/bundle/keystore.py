@@ -80,17 +80,34 @@ def key_dir_lock(directory: Path) -> Iterator[None]:
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _lock_file(directory)
     except OSError as exc:
         raise KeyFileError(f"cannot use the key folder: {exc.strerror or exc}", str(directory)) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         except OSError as exc:
             raise KeyFileError(f"cannot write a key file: {exc.strerror or exc}", str(directory)) from None
     finally:
-        os.close(fd)   # releases the lock
+        if fd is not None:
+            os.close(fd)   # releases the lock
+
+
+def _lock_file(directory: Path) -> int | None:
+    """The lock file's descriptor; in a read-only key folder an existing lock file opened for
+    reading (flock needs no write access), or None when there is none: nothing can be written
+    there anyway, and a write fails with a clear error."""
+    try:
+        return os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        if not directory.is_dir():
+            raise
+    try:
+        return os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def generate_keys(directory: Path, overwrite: bool = False, passphrase: bytes | None = None) -> KeyPairPaths:

@@ -78,13 +78,19 @@ def _manifest_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
     return _bundle_command(rng, out, fx)
 
 
-def _blueprint_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
+def _write_mutated(out: Path, rng: random.Random, doc: object, raw: bytes, doc_share: float) -> None:
+    """`out` made a special file (sometimes), else `doc` mutated as JSON (share `doc_share`), else
+    `raw` mutated byte by byte."""
     if special_file(out, rng):
-        pass
-    elif rng.random() < 0.7:
-        out.write_bytes(payload(mutate_doc(fx.graph_doc, rng), rng))
+        return
+    if rng.random() < doc_share:
+        out.write_bytes(payload(mutate_doc(doc, rng), rng))
     else:
-        out.write_bytes(mutate_bytes(fx.graph_bytes, rng))
+        out.write_bytes(mutate_bytes(raw, rng))
+
+
+def _blueprint_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
+    _write_mutated(out, rng, fx.graph_doc, fx.graph_bytes, 0.7)
     return rng.choice([["inspect", str(out)], ["inspect", str(out), "--context", "64"],
                        ["shrink", str(out), "-o", str(out.with_suffix(".small.json")), "--preset", "tiny"],
                        ["run", str(out), "--backend", "reference", "--max-new-tokens", "1"]])
@@ -98,26 +104,14 @@ def _config_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
 
 
 def _key_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
-    choice = rng.random()
-    if special_file(out, rng):
-        return ["sign", str(fx.bundle_path), "--key", str(out), "-o", str(out.with_suffix(".kbp"))]
-    if choice < 0.5:
-        out.write_bytes(mutate_bytes(fx.key_bytes, rng))
-    elif choice < 0.8:
-        out.write_bytes(payload(mutate_doc(fx.legacy_key_doc, rng), rng))
-    else:
-        out.write_bytes(payload(hostile_value(rng), rng))
-    os.chmod(out, 0o600)
+    _write_mutated(out, rng, fx.legacy_key_doc, fx.key_bytes, 0.4)   # the PEM, or the legacy JSON form
+    if out.is_file() and not out.is_symlink():
+        os.chmod(out, 0o600)
     return ["sign", str(fx.bundle_path), "--key", str(out), "-o", str(out.with_suffix(".kbp"))]
 
 
 def _keyring_case(fx: Fixture, rng: random.Random, out: Path) -> list[str]:
-    if special_file(out, rng):
-        pass
-    elif rng.random() < 0.6:
-        out.write_bytes(payload(mutate_doc(fx.keyring_doc, rng), rng))
-    else:
-        out.write_bytes(mutate_bytes(fx.keyring_bytes, rng))
+    _write_mutated(out, rng, fx.keyring_doc, fx.keyring_bytes, 0.6)
     return ["verify", str(fx.bundle_path), "--trust", str(out)]
 
 
