@@ -140,10 +140,11 @@ def run_campaign(cases: int, seed: int, per_case_seconds: int = 20) -> Tally:
     from kbpc.cli import main
 
     tally = Tally()
-    runner = CliRunner()
     with tempfile.TemporaryDirectory(prefix="kbpc-hostile-") as tmp:
         work = Path(tmp)
-        os.environ.update(XDG_CONFIG_HOME=str(work / "config"), XDG_CACHE_HOME=str(work / "cache"), CI="1")
+        # every invocation sees a private config and cache dir, and CI set (no key is ever made)
+        runner = CliRunner(env={"XDG_CONFIG_HOME": str(work / "config"), "XDG_CACHE_HOME": str(work / "cache"),
+                                "CI": "1"})
         fx = Fixture.build(work / "fixture")
         previous = signal.signal(signal.SIGALRM, _alarm)
         try:

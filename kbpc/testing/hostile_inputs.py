@@ -75,6 +75,8 @@ def mutate_doc(doc: Any, rng: random.Random, edits: int | None = None) -> Any:
             value = parent[key]
         except (KeyError, IndexError, TypeError):
             continue   # an earlier edit removed it
+        if not isinstance(parent, (dict, list)):
+            continue   # an earlier edit replaced a container on the way by a string
         op = rng.choice(["value", "value", "string", "delete", "duplicate"])
         if isinstance(value, str) and rng.random() < 0.5:
             op = "string"
