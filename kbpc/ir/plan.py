@@ -14,6 +14,9 @@ from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
 
 
+NUMERICS_MODES = ("exact", "fast")
+
+
 @dataclass(frozen=True)
 class Options:
     """Compile options; frozen and hashable (part of the build-cache key)."""
@@ -22,9 +25,18 @@ class Options:
     max_context: int = 4096
     max_streams: int = 4
     arena_reuse: bool = True          # False: every buffer its own bytes (debugging intermediates)
+    numerics: str = "fast"            # exact: bit-exact vs the reference; fast: stated bounds (DESIGN)
+    pdl: bool = True                  # programmatic dependent launch between a stream's kernels
+    fuse: bool = True                 # merge groups across the blueprint's boundaries (fuse_groups)
+    batch: int = 1                    # tokens per step (decode rows); only 1 is lowered today
 
     def __post_init__(self):
         get_target(self.target)
+        if self.numerics not in NUMERICS_MODES:
+            raise KbpcError(f"numerics must be one of {', '.join(NUMERICS_MODES)}, got {self.numerics!r}",
+                            "--numerics")
+        if self.batch != 1:
+            raise KbpcError(f"batch {self.batch}: only batch-1 decode is lowered", "--batch")
         if self.tp < 1:
             raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
         if self.max_context < 1:

@@ -15,6 +15,7 @@
 N (n_hc) and D (hidden) come from the edges: a stream row is N*D wide, a BF16 row D."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, Aggregate, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
@@ -88,7 +89,7 @@ def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     parts = f"kbp::mhc::RankParts<{RANKS}>"
     return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {RANKS}, {vec_width(d, ROW_VEC)}>",
                        ("const float*", parts, "const float*", "const float*", "float*"),
-                       (ctx.buf(x, "const float"), f"{parts}{{{{{ctx.buf(u, f'const {BF16}')}}}}}",
+                       (ctx.buf(x, "const float"), Aggregate(parts, (Aggregate(None, (ctx.buf(u, f"const {BF16}"),)),)),
                         ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
 
 
@@ -134,15 +135,15 @@ def _pre_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
     mu_ptr = (ctx.buf(mu, "float") if materialized(ctx, mu)
               else _state(ctx, mix_name, state[mix_name][0], "float", pre))
     counters = _state(ctx, counters_name, state[counters_name][0], "unsigned int", pre)
-    collapsed = ctx.buf(u) if materialized(ctx, u) else "nullptr"
+    collapsed = ctx.buf(u) if materialized(ctx, u) else NULL
     params = f"kbp::mhc::PreParams<{n}, {RANKS}>"
     # Field order of PreParams: x, parts, post_in, comb_in, x_out (the fused post-mix: unused here),
     # phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb.
-    fields = (ctx.buf(x, "const float"), "{{nullptr}}", "nullptr", "nullptr", "nullptr",
+    fields = (ctx.buf(x, "const float"), Aggregate(None, (Aggregate(None, (NULL,)),)), NULL, NULL, NULL,
               ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF16), flt(ctx.c.hc_norm_eps), flt(ctx.c.hc_eps), flt(ctx.c.hc_site_norm_eps),
-              str(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
+              lit(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
               ctx.buf(comb, "float"))
     inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, false, {RANKS}>", (params,))
     return Launch(inst, grid=(width, rows, 1), block=(PRE_THREADS, 1, 1), smem=0,
-                  args=(f"{params}{{{', '.join(fields)}}}",), group=group.id, nodes=(mix.id, pre.id, norm.id))
+                  args=(Aggregate(params, fields),), group=group.id, nodes=(mix.id, pre.id, norm.id))
