@@ -13,7 +13,7 @@ from kbpc.codegen.args import ArenaPtr, FloatLit, StatePtr, WeightPtr, WeightSca
 from kbpc.errors import KbpcError
 from kbpc.ir.plan import Buffer, LoweredGroup, Plan
 from kbpc.ir.records import Node, Tensor
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 class LoweringError(KbpcError):

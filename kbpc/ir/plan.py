@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
+from kbpc.ir.grouping import Grouping
+from kbpc.ir.state import StateBuffer
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
 
@@ -70,14 +73,6 @@ class Buffer:
 
 
 @dataclass(frozen=True)
-class StateBuffer:
-    name: str                         # owner node id + "." + what
-    nbytes: int
-    shape: tuple[int, ...]
-    storage: str
-
-
-@dataclass(frozen=True)
 class ScheduledGroup:
     group: int
     position: int                     # launch order
@@ -101,6 +96,11 @@ class Plan:
     arena_bytes: int = 0
     state: tuple[StateBuffer, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @cached_property
+    def grouping(self) -> Grouping:
+        """Which group runs each node, and the queries passes ask of it (kbpc/ir/grouping.py)."""
+        return Grouping(self.blueprint, self.groups)
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -11,7 +11,7 @@ from kbpc.codegen.records import Launch
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import LoweredGroup, Options, Plan
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 @lru_cache(maxsize=8)

@@ -12,7 +12,7 @@ from kbpc.codegen.families import dsa_indexer
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, StateBuffer
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 def with_scratch(plan):

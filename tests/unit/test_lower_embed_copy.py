@@ -8,7 +8,7 @@ import pytest
 from kbpc.codegen.args import NULL, StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families import embed_copy
-from kbpc.ir.plan import StateBuffer
+from kbpc.ir.state import StateBuffer
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
 

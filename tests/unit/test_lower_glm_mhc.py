@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from kbpc.ir.state import hc_pre_state
 from kbpc.codegen.render_args import render_arg as r
 from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
@@ -26,8 +27,8 @@ def test_plan_has_pre_state(tiny):
             node = plan.blueprint.node_by_id[node_id]
             if node.op == "hc_pre":
                 mix = next(t for t in plan.blueprint.inputs(node.order) if t.id.endswith(".mix"))
-                for name, (nbytes, storage) in glm_mhc.pre_state(node, 1, mix.dim_value).items():
-                    assert state[name].nbytes == nbytes and state[name].storage == storage
+                for want in hc_pre_state(node, 1, mix.dim_value):
+                    assert state[want.name] == want
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from kbpc.codegen.families import glm_mla_latent_write
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, one_row, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
-from kbpc.passes.plan_memory import buffer_elements
+from kbpc.ir.buffers import buffer_elements
 
 BF = "__nv_bfloat16"
 SCORE_THREADS = 128      # dsa_index_scores: 4 warps, 32 pools per warp step

@@ -8,7 +8,7 @@ from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
-from kbpc.passes.plan_memory import buffer_elements
+from kbpc.ir.buffers import buffer_elements
 
 WARPS = 16   # the family's CTA: 16 warps split the selection list
 GATHER = 4   # selected tokens gathered per warp step
