@@ -48,12 +48,17 @@ def fuse_groups(plan: Plan) -> Plan:
 
 
 def _neighbours(plan: Plan) -> dict[int, set[int]]:
-    """Groups joined by a data edge, either way."""
+    """Groups joined by a data edge, either way, or reading the same tensor (horizontal fusion)."""
     out: dict[int, set[int]] = {g.id: set() for g in plan.groups}
+    readers: dict[tuple[int, str], set[int]] = {}
     for t in plan.grouping.crossing_edges():
         a, b = plan.grouping.group_of(t.src), plan.grouping.group_of(t.dst)
         out[a].add(b)
         out[b].add(a)
+        readers.setdefault((t.src, t.id), set()).add(b)
+    for siblings in readers.values():
+        for g in siblings:
+            out[g] |= siblings - {g}
     return out
 
 

@@ -27,4 +27,7 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (FUSE_POST): one launch and one "
                "pass over the streams fewer per boundary"),
+    FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
+               "the indexer's key projection joins the query/latent projections that read the same FP8 "
+               "row: one segment-list launch reads the input once"),
 )
