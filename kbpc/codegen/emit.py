@@ -4,7 +4,6 @@ iteration order, no timestamps)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 
@@ -13,8 +12,7 @@ from kbpc.codegen.families import lower_group
 from kbpc.codegen.records import (GroupCode, KernelInstance, StateBinding, StepProgram,
                                   WeightBinding)
 from kbpc.ir.plan import Plan
-
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+from kbpc.toolchain.assets import TEMPLATES_DIR
 
 
 @dataclass(frozen=True)
