@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kbpc.build.nvcc import KERNELS_DIR
+from kbpc.toolchain.nvcc import KERNELS_DIR
 from kbpc.codegen.families import LOWERINGS
 from kbpc.passes.fusion_rules import FUSION_RULES
 
