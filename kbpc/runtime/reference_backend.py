@@ -8,9 +8,9 @@ import numpy as np
 
 from kbpc.errors import KbpcError, WeightsError
 from kbpc.ir.graph import Blueprint
-from kbpc.ir.plan import Options, Plan
+from kbpc.ir.plan import Options
+from kbpc.ir.state import state_buffers
 from kbpc.ir.weights import WeightSpec, weight_specs
-from kbpc.passes.plan_memory import state_buffers
 from kbpc.reference.interpreter import Interpreter
 from kbpc.report.render import human_bytes
 from kbpc.util.hostmem import available_host_bytes
@@ -24,7 +24,7 @@ def check_host_memory(bp: Blueprint, specs: list[WeightSpec], resident: bool, co
     decoded to FP32 inside a step, and the sequence state and caches for `context` tokens."""
     weights = sum(s.nbytes for s in specs) if resident else 0
     working = max((prod(s.shape) for s in specs), default=0) * 4
-    state = sum(b.nbytes for b in state_buffers(Plan(blueprint=bp, options=Options(max_context=context))))
+    state = sum(b.nbytes for b in state_buffers(bp, Options(max_context=context)))
     needed, available = weights + working + state, available_host_bytes()
     if available is not None and needed > available:
         raise KbpcError(

@@ -14,8 +14,9 @@ import hashlib
 
 import numpy as np
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, compile_cuda
 from kbpc.settings import gpu_test_cubin_cache
+from kbpc.toolchain.assets import KERNELS_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda
 from kbpc.targets import get_target
 
 # Poison bytes: 0xFF makes every float (FP32, BF16 bits, E4M3 codes) a NaN, which no kernel of the
@@ -33,12 +34,19 @@ def _cuda():
     return cuda
 
 
+def headers_digest() -> str:
+    """SHA-256 over the compile flags and every kernels/ header (a test binary's cache key part)."""
+    digest = hashlib.sha256()
+    for part in (*BASE_FLAGS, *(h.read_text() for h in sorted(KERNELS_DIR.glob("*.cuh")))):
+        digest.update(part.encode())
+    return digest.hexdigest()
+
+
 def load_module(source: str, name: str, target: str = "sm_90", extra_flags: tuple[str, ...] = ()):
     """Compile `source` (which may #include any kernels/ header) and load it; cached by content."""
     cuda = _cuda()
-    headers = sorted(KERNELS_DIR.glob("*.cuh"))
     digest = hashlib.sha256()
-    for part in (source, target, *BASE_FLAGS, *extra_flags, *(h.read_text() for h in headers)):
+    for part in (source, target, *extra_flags, headers_digest()):
         digest.update(part.encode())
     key = digest.hexdigest()[:20]
     cubin = _CACHE_DIR / f"{name}-{key}.cubin"
