@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kbpc.build.nvcc import compile_cuda
+from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.bundle.keystore import generate_keys
 from kbpc.cli import main
 from kbpc.codegen.emit import build_step, render
