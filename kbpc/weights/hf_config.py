@@ -6,6 +6,7 @@ against a blueprint, naming the field at fault."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,5 +115,6 @@ def check_symbols(bp: Blueprint, hf: HfModel) -> None:
     try:
         solve_symbols(facts, {**fixed, **open_given})
     except BlueprintError as exc:
-        fields = ", ".join(f"{hf.fields[k]} ({k} = {v})" for k, v in sorted(open_given.items()))
+        named = {k: v for k, v in open_given.items() if re.search(rf"\b{k}\b", exc.message)} or open_given
+        fields = ", ".join(f"{hf.fields[k]} ({k} = {v})" for k, v in sorted(named.items()))
         raise ConfigError(f"{fields} contradict the blueprint: {exc.message}", hf.source) from None
