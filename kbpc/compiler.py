@@ -8,7 +8,6 @@ specs, the expected checkpoint (lite) and the toolchain."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
+from kbpc.util.hashing import sha256_file
 from kbpc.weights.checkpoint import open_checkpoint
 from kbpc.weights.convert import converted_config
 from kbpc.weights.hf_checkpoint import bind, is_hf_folder
@@ -122,14 +122,6 @@ def _checkpoint_files(source: Path) -> list[Path]:
     return files
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult) -> dict:
     bp = plan.blueprint
     step = sources.step
@@ -154,6 +146,6 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         files = _checkpoint_files(req.weights)
         if not is_hf_folder(req.weights):   # (a checkpoint folder was checked by `bind`)
             open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
-        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                   for f in files]
     return manifest

@@ -50,6 +50,12 @@ CONSTANTS = (
     ConfigField("kda_gate_lower_bound", ("linear_lower_bound",), -5.0),
 )
 
+# Constants the family fixes in code rather than in config.json.
+FIXED = {
+    "layer_norm_eps": (1e-6, "transformers Glm5NextTextIndexer.k_norm eps=1e-6 (not a config.json field)"),
+    "l2_norm_eps": (1e-6, "transformers l2norm eps=1e-6 in the KDA kernels (not a config.json field)"),
+}
+
 REQUIREMENTS = (
     Requirement("qk_rope_head_dim", (0,), 0, "GLM-5 latent attention is NoPE"),
     Requirement("attention_bias", (False,), False, "the blueprint's projections have no bias"),
@@ -104,6 +110,8 @@ def read_config(doc: dict, source: str) -> HfModel:
     symbols, sym_fields = read_fields(text, SYMBOLS, source, integer=True)
     constants, const_fields = read_fields(text, CONSTANTS, source, integer=False)
     constants = {k: int(v) if k in ("sinkhorn_iters", "conv_width") else float(v) for k, v in constants.items()}
+    constants.update({k: v for k, (v, _) in FIXED.items()})
+    const_fields.update({k: why for k, (_, why) in FIXED.items()})
     mla = {"heads": heads, "qk_nope": get(text, "qk_nope_head_dim", 256, source),
            "qk_rope": get(text, "qk_rope_head_dim", 0, source), "v_head": get(text, "v_head_dim", 256, source),
            "kv_lora": symbols["kv_lora"]}

@@ -9,7 +9,6 @@ never held whole in host memory. Nothing here knows a model family: `kbpc/weight
 and its kin say what the tensors mean."""
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from kbpc.errors import WeightsError
+from kbpc.util.hashing import sha256_file
 
 MAX_JSON_BYTES = 64 << 20
 INDEX_NAME = "model.safetensors.index.json"
@@ -134,16 +134,8 @@ class HfFolder:
         for name in names:
             path = self.path / name
             if path.exists():
-                out.append({"name": name, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+                out.append({"name": name, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
         return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _shard_tensors(path: Path) -> list[TensorInfo]:

@@ -154,8 +154,12 @@ def _check_unused(ctx: Context, needed: set[str]) -> None:
     """Every checkpoint tensor is read by some rule or ignored by the family on purpose: a tensor
     nobody reads means a model variant the table does not know (a bias, an extra norm)."""
     ignored = [re.compile(p) for p in ctx.family.ignored]
+    # layers past the blueprint's (a multi-token-prediction head stored as layers.N) are no part
+    # of a decode step; check_layers has already matched num_hidden_layers to the blueprint
+    extra = re.compile(rf"^{re.escape(ctx.prefix)}\.layers\.(\d+)\.")
     for name in sorted(ctx.folder.tensors):
-        if name not in needed and not any(p.search(name) for p in ignored):
+        beyond = (m := extra.match(name)) is not None and int(m[1]) >= len(ctx.bp.layers)
+        if name not in needed and not beyond and not any(p.search(name) for p in ignored):
             raise WeightsError("no mapping rule reads this tensor (a model variant the "
                                f"{ctx.family.engine} table does not know?)", ctx.folder.where(name))
 

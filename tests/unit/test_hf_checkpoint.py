@@ -144,19 +144,23 @@ def test_wrong_dtype(bp, ckpt, no_reads):
         bind(bp, ckpt)
 
 
+def _quantization(ckpt: Path, **changes) -> None:
+    """Edit hf_quant_config.json's quantization record (`layers` updates quantized_layers)."""
+    doc = json.loads((ckpt / "hf_quant_config.json").read_text())
+    doc["quantization"]["quantized_layers"].update(changes.pop("layers", {}))
+    doc["quantization"].update(changes)
+    (ckpt / "hf_quant_config.json").write_text(json.dumps(doc))
+
+
 def test_another_quantization_format(bp, ckpt, no_reads):
-    quant = json.loads((ckpt / "hf_quant_config.json").read_text())
-    quant["quantization"]["quantized_layers"][f"{L0}.self_attn.v_proj"] = {"quant_algo": "W4A8_AWQ", "group_size": 128}
-    (ckpt / "hf_quant_config.json").write_text(json.dumps(quant))
+    _quantization(ckpt, layers={f"{L0}.self_attn.v_proj": {"quant_algo": "W4A8_AWQ", "group_size": 128}})
     with pytest.raises(WeightsError, match=r"hf_quant_config.json: .*v_proj is quantized as W4A8_AWQ; kbpc reads "
                                            r"ModelOpt NVFP4, .* \(node l0\.kda\.v\)"):
         bind(bp, ckpt)
 
 
 def test_nvfp4_where_the_blueprint_needs_fp8(bp, ckpt, no_reads):
-    quant = json.loads((ckpt / "hf_quant_config.json").read_text())
-    quant["quantization"]["quantized_layers"][f"{L1}.self_attn.q_a_proj"] = {"quant_algo": "NVFP4", "group_size": 16}
-    (ckpt / "hf_quant_config.json").write_text(json.dumps(quant))
+    _quantization(ckpt, layers={f"{L1}.self_attn.q_a_proj": {"quant_algo": "NVFP4", "group_size": 16}})
     with pytest.raises(WeightsError, match=r"q_a_proj is stored NVFP4 \(nvfp4/g16\), but node l1\.dsa\.q_a needs "
                                            r"fp8/channel weights"):
         bind(bp, ckpt)
@@ -213,6 +217,8 @@ def test_index_that_disagrees_with_the_shards(bp, ckpt, no_reads):
 
 
 def test_tensor_no_rule_reads(bp, ckpt, no_reads):
+    _edit(ckpt, "model.language_model.layers.4.eh_proj.weight", ("BF16", [2, 2], bytes(8)))   # an MTP layer
+    bind(bp, ckpt)
     _edit(ckpt, f"{L0}.self_attn.o_proj.bias", ("BF16", [256], bytes(512)))
     with pytest.raises(WeightsError, match=r"model-00001-of-00005.safetensors: .*o_proj.bias: no mapping rule reads "
                                            r"this tensor"):
@@ -220,9 +226,7 @@ def test_tensor_no_rule_reads(bp, ckpt, no_reads):
 
 
 def test_kv_cache_quantization_is_refused(bp, ckpt, no_reads):
-    quant = json.loads((ckpt / "hf_quant_config.json").read_text())
-    quant["quantization"]["kv_cache_quant_algo"] = "FP8"
-    (ckpt / "hf_quant_config.json").write_text(json.dumps(quant))
+    _quantization(ckpt, kv_cache_quant_algo="FP8")
     with pytest.raises(WeightsError, match="kv_cache_quant_algo 'FP8'"):
         bind(bp, ckpt)
 
