@@ -177,19 +177,17 @@ class QuantConfig:
             where = f"{folder / 'config.json'}: quantization_config"
             if body is None:
                 return cls("unquantized", None, {}, (), 0, None)
-            if body.get("quant_method") != "modelopt":
-                raise WeightsError(f"quantization method {body.get('quant_method')!r} is not a ModelOpt "
+            if not isinstance(body, dict) or body.get("quant_method") != "modelopt":
+                method = body.get("quant_method") if isinstance(body, dict) else body
+                raise WeightsError(f"quantization method {method!r} is not a ModelOpt "
                                    "export; kbpc reads ModelOpt NVFP4/FP8 checkpoints", where)
-        if not isinstance(body, dict):
-            raise WeightsError("expected a quantization object", where)
-        layers = {}
-        for name, entry in (body.get("quantized_layers") or {}).items():
-            if not isinstance(entry, dict):
-                raise WeightsError(f"quantized_layers[{name!r}] must be an object", where)
-            layers[name] = ModuleFormat(entry.get("quant_algo"), int(entry.get("group_size") or 0))
+        if not isinstance(body, dict) or not isinstance(body.get("quantized_layers") or {}, dict):
+            raise WeightsError("expected a quantization object (with a quantized_layers object)", where)
+        layers = {name: ModuleFormat(*_algo(entry, f"quantized_layers[{name!r}]", where))
+                  for name, entry in (body.get("quantized_layers") or {}).items()}
+        algo, group = _algo(body, "quantization", where)
         exclude = tuple(str(p) for p in body.get("exclude_modules") or body.get("ignore") or ())
-        return cls(where, body.get("quant_algo"), layers, exclude, int(body.get("group_size") or 0),
-                   body.get("kv_cache_quant_algo"))
+        return cls(where, algo, layers, exclude, group, body.get("kv_cache_quant_algo"))
 
     def format_of(self, module: str) -> ModuleFormat:
         """The format of a projection (a module path); per-expert modules inherit their parent's."""
@@ -201,3 +199,13 @@ class QuantConfig:
         if self.algo in (None, "MIXED_PRECISION") or any(fnmatchcase(module, p) for p in self.exclude):
             return ModuleFormat(None)
         return ModuleFormat(self.algo, self.group_size)
+
+
+def _algo(entry: Any, what: str, where: str) -> tuple[str | None, int]:
+    """(quant_algo, group_size) of one quantization entry, checked."""
+    if not isinstance(entry, dict):
+        raise WeightsError(f"{what} must be an object", where)
+    algo, group = entry.get("quant_algo"), entry.get("group_size") or 0
+    if (algo is not None and not isinstance(algo, str)) or isinstance(group, bool) or not isinstance(group, int):
+        raise WeightsError(f"{what}: quant_algo must be a string and group_size an integer", where)
+    return algo, group

@@ -90,14 +90,9 @@ class Context:
     family: Family
     hf: HfModel                    # what the family read from config.json
     prefix: str                    # where the text model lives, e.g. "model.language_model"
-    consumed: set[str] = field(default_factory=set)
 
     def read(self, name: str) -> np.ndarray:
-        self.consumed.add(name)
         return self.folder.read(name)
-
-    def has(self, name: str) -> bool:
-        return name in self.folder.tensors
 
 
 def source(job: Job, template: str, **extra: object) -> str:

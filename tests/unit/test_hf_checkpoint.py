@@ -240,3 +240,35 @@ def test_cli_refuses_a_bad_checkpoint_with_one_line(glm5next_blueprint, ckpt, tm
     assert done.stderr.strip() == (f"kbpc: error: {shard}: {L1}.self_attn.kv_b_proj.weight_scale: shape [319], "
                                    "expected [320] (FP8_PER_CHANNEL_PER_TOKEN weight_scale for node l1.dsa.q_b (absorbed))")
     assert not out.exists()
+
+
+def test_a_model_built_for_other_constants_is_refused(bp, glm5next_checkpoint, no_reads):
+    """A compiled bundle's model config is fixed: a checkpoint whose config.json gives other
+    constants (here the stream RMS epsilon, 1e-5 from rms_norm_eps, against the default 1e-6)
+    is refused before anything is loaded."""
+    from kbpc.weights.hf_checkpoint import check_config
+
+    with pytest.raises(WeightsError, match=r"built with hc_norm_eps = 1e-06, this checkpoint's rms_norm_eps gives "
+                                           r"1e-05 \(compile or run it with --weights"):
+        check_config(bp, glm5next_checkpoint)
+    bound, _ = bind(bp, glm5next_checkpoint)
+    assert check_config(bound, glm5next_checkpoint).jobs
+
+
+def test_quant_config_forms(tmp_path):
+    """A uniform algorithm with exclusions (ModelOpt's single-format export) and the
+    config.json form of the record."""
+    from kbpc.weights.hf_folder import ModuleFormat, QuantConfig
+
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {
+        "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "*.mlp.gate"]}}))
+    q = QuantConfig.read(tmp_path, {})
+    assert q.format_of("model.layers.3.mlp.experts.7.up_proj") == ModuleFormat("NVFP4", 16)
+    assert q.format_of("model.layers.3.mlp.gate") == ModuleFormat(None)
+    assert q.format_of("lm_head") == ModuleFormat(None)
+    (tmp_path / "hf_quant_config.json").unlink()
+    q = QuantConfig.read(tmp_path, {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}})
+    assert q.format_of("model.layers.0.self_attn.q_a_proj") == ModuleFormat("FP8", 0)
+    assert QuantConfig.read(tmp_path, {}).format_of("anything") == ModuleFormat(None)
+    with pytest.raises(WeightsError, match="group_size an integer"):
+        QuantConfig.read(tmp_path, {"quantization_config": {"quant_method": "modelopt", "group_size": "16"}})
