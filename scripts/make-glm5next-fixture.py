@@ -19,10 +19,17 @@ What it does, all on the CPU, from fixed seeds:
    unquantized, as the blueprint's precisions say;
 3. exports it with `export_hf_checkpoint` in small shards (so the index and streaming are used);
 4. loads the exported tensors back, dequantizes them (ModelOpt's NVFP4QTensor for NVFP4, code times
-   per-channel scale for FP8) into an FP32 transformers model and runs it teacher forced over a
-   fixed token sequence: without activation quantization (FP32 and BF16), and with it as exported
-   (static NVFP4 input scales, dynamic per-token FP8), quantizing each projection's input with
-   ModelOpt's own NVFP4 encoder.
+   per-channel scale for FP8) into an FP32 transformers model;
+5. picks the teacher-forced tokens position by position among seeded random candidates so that
+   no discrete decision of that model (top-k experts, top-k indexer pools) is near a tie (see
+   `conditioned_tokens`; the criterion uses transformers alone, never kbpc);
+6. runs transformers teacher forced over them: without activation quantization (FP32 and BF16),
+   and with it as exported (static NVFP4 input scales, dynamic per-token FP8), quantizing each
+   projection's input with ModelOpt's own NVFP4 encoder.
+
+Measured with this script's output: transformers' own BF16 and FP32 runs differ by 0.011-0.020 of
+the logit standard deviation per position without activation quantization and by 0.36 (RMS over
+all positions) with it.
 """
 from __future__ import annotations
 
