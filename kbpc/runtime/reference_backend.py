@@ -15,6 +15,7 @@ from kbpc.reference.interpreter import Interpreter
 from kbpc.report.render import human_bytes
 from kbpc.util.hostmem import available_host_bytes
 from kbpc.weights.checkpoint import check_finite, load_checkpoint
+from kbpc.weights.hf_checkpoint import is_hf_folder, load_hf_weights
 from kbpc.weights.synthetic import parse_seed, synthetic_weights
 
 
@@ -35,7 +36,8 @@ def check_host_memory(bp: Blueprint, specs: list[WeightSpec], resident: bool, co
 
 
 def load_weights(bp: Blueprint, source: str, context: int = 1) -> dict[str, np.ndarray]:
-    """`synthetic:SEED` or a safetensors file/folder, checked against the blueprint's specs, once
+    """`synthetic:SEED`, a safetensors file/folder in kbpc's names, or a Hugging Face checkpoint
+    folder (converted by its family's mapping table), checked against the blueprint's specs, once
     the host is known to hold them and `context` tokens of state."""
     specs = weight_specs(bp)
     check_host_memory(bp, specs, source.startswith("synthetic:"), context)
@@ -47,12 +49,17 @@ def load_weights(bp: Blueprint, source: str, context: int = 1) -> dict[str, np.n
     path = Path(source)
     if not path.exists():
         raise WeightsError("no such checkpoint file or folder (or use synthetic:SEED)", source)
+    if is_hf_folder(path):
+        return load_hf_weights(bp, path)
     return load_checkpoint(path, specs)
 
 
 class ReferenceBackend:
-    def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int):
-        self.interpreter = Interpreter(bp, weights, max_context)
+    def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int,
+                 act_quant: bool = True):
+        """act_quant=False: the debugging variant of kbpc/reference/no_act_quant.py."""
+        from kbpc.reference import no_act_quant
+        self.interpreter = Interpreter(bp, weights, max_context, None if act_quant else no_act_quant.HANDLERS)
         self.vocab = bp.symbols.get("vocab") or weights[next(iter(weights))].shape[0]
 
     def step(self, token: int):

@@ -41,12 +41,19 @@ def gpu_present() -> bool:
 
 
 def open_backend(model: Path, backend: str, weights: str, context: int, trust: Path | None,
-                 config: Path | None):
-    """(backend name, StepBackend, vocab)."""
+                 config: Path | None, act_quant: bool = True):
+    """(backend name, StepBackend, vocab). `weights` may be a Hugging Face checkpoint folder: a
+    blueprint JSON then takes its model config from the folder's config.json. act_quant=False:
+    the reference backend's debugging variant without activation quantization."""
     from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
 
     if not Path(model).exists():
         raise KbpcError("no such file", str(model))
+    if not act_quant and backend != "reference":
+        raise KbpcError("--no-act-quant is a reference-backend debugging aid; add --backend reference",
+                        "--no-act-quant")
+    from kbpc.weights.convert import converted_config
+    config = config or converted_config(weights)   # `kbpc convert` output carries its model config
     if is_bundle(model):
         from kbpc.bundle.keys import Keyring
         from kbpc.runtime.bundle_model import load_bundle_model
@@ -65,19 +72,26 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
         if backend == "cuda" or (backend == "auto" and can_build and gpu_present()):
             from kbpc.runtime.bundle_model import load_bundle_model
             from kbpc.runtime.cuda_backend import CudaBackend
-            path, trust_ring = compile_for_gpu(Path(model), config, context)
+            path, trust_ring = compile_for_gpu(Path(model), config, context, weights)
             cb = CudaBackend(load_bundle_model(path, trust_ring), weights, context)
             return "cuda", cb, cb.vocab
         from kbpc.frontend.load import load_blueprint
+        from kbpc.weights.hf_checkpoint import bind, is_hf_folder
         bp = load_blueprint(model, config)
-    ref = ReferenceBackend(bp, load_weights(bp, weights, context), context)
+        if is_hf_folder(Path(weights)):
+            bp, checkpoint = bind(bp, Path(weights), config)
+            ref = ReferenceBackend(bp, checkpoint.weights(), context, act_quant)
+            return "reference", ref, ref.vocab
+    ref = ReferenceBackend(bp, load_weights(bp, weights, context), context, act_quant)
     return "reference", ref, ref.vocab
 
 
-def compile_for_gpu(blueprint: Path, config: Path | None, context: int):
+def compile_for_gpu(blueprint: Path, config: Path | None, context: int, weights: str | None = None):
     """Compile a blueprint for the local GPU into the user cache (reused while the blueprint,
     config, context and kbpc are unchanged), signed with the local default key (created, with a
-    note, once the blueprint has been checked: this bundle never leaves the machine)."""
+    note, once the blueprint has been checked: this bundle never leaves the machine). A Hugging
+    Face checkpoint folder as `weights` sets the model config (its config.json is part of the key)."""
+    from kbpc.weights.hf_checkpoint import is_hf_folder
     import hashlib
     import re
     import warnings
@@ -101,13 +115,16 @@ def compile_for_gpu(blueprint: Path, config: Path | None, context: int):
         return key.signer
 
     digest = hashlib.sha256()
+    checkpoint = Path(weights) if weights and is_hf_folder(Path(weights)) else None
     for part in (read_regular_file(blueprint, MAX_BLUEPRINT_BYTES, BlueprintError, "blueprint file"),
                  read_regular_file(config, MAX_CONFIG_BYTES, ConfigError, "config file") if config else b"",
-                 str(context).encode(), __version__.encode()):
+                 str(context).encode(), __version__.encode(),
+                 read_regular_file(checkpoint / "config.json", MAX_CONFIG_BYTES, ConfigError, "config file")
+                 if checkpoint else b""):
         digest.update(part)
     stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", blueprint.stem)[:64]
     out = Path(platformdirs.user_cache_dir("kbpc")) / "run" / f"{stem}-{digest.hexdigest()[:16]}.kbp"
     if not out.exists():
         compile_bundle(CompileRequest(blueprint=blueprint, output=out, options=Options(max_context=max(context, 16)),
-                                      signer=default_signer, config=config))
+                                      signer=default_signer, config=config, weights=checkpoint))
     return out, Keyring.load(default_key_paths().public)
