@@ -81,8 +81,7 @@ def test_convert_leaves_nothing_on_failure(tmp_path, tiny_path, glm5next_checkpo
 def test_compile_does_not_embed_a_checkpoint_folder(tmp_path, glm5next_checkpoint, glm5next_blueprint):
     result = run("keygen", "-o", tmp_path / "keys")
     assert result.exit_code == 0, result.output
-    key = next((tmp_path / "keys").glob("*.key"), None) or next(p for p in (tmp_path / "keys").iterdir()
-                                                              if "pub" not in p.name)
+    key = tmp_path / "keys" / "signing-key.pem"
     result = run("compile", glm5next_blueprint, "-o", tmp_path / "m.kbp", "--weights", glm5next_checkpoint,
                  "--embed-weights", "--key", key)
     assert result.exit_code == 2 and "run kbpc convert first" in result.output
