@@ -21,7 +21,6 @@ LAUNCH_US = 0.76                 # per kernel node in a replayed CUDA graph (DES
 
 
 def group_costs(plan: Plan) -> dict[int, float]:
-    bp = plan.blueprint
     weight_bytes: dict[str, float] = defaultdict(float)
     for spec in plan.weights:
         weight_bytes[spec.node] += spec.bytes_per_token
