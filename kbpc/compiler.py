@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 from kbpc import __version__
-from kbpc.toolchain.library import BuildResult, build_library
-from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.manifest import canonical_json
@@ -26,6 +24,8 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.library import BuildResult, build_library
 from kbpc.weights.checkpoint import open_checkpoint
 
 LIB_PATH = "lib/rank0/libkbp.so"

@@ -93,7 +93,10 @@ def build_library(sources: dict[str, str], target: Target, out: Path, *, cache_d
 def _link(objects: tuple[Path, ...], out: Path, target: Target) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    cmd = [nvcc_path(), *target.gencode, "-shared", "-Xcompiler", "-fPIC", *map(str, objects), "-o", str(tmp)]
+    # -nodlink: no object is built with -rdc, so there is nothing to device-link, and nvlink would
+    # embed its command line (with the CUDA installation's library paths) in the library.
+    cmd = [nvcc_path(), *target.gencode, "-shared", "-nodlink", "-Xcompiler", "-fPIC", *map(str, objects),
+           "-o", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -22,8 +22,8 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(build_cache):
+    return build_cache
 
 
 def compile_(blueprint: Path, out: Path, keys, cache, *extra) -> None:
