@@ -10,6 +10,7 @@ from rich.console import Console
 
 from kbpc import __version__
 from kbpc.bundle.commands import keygen, sign, verify
+from kbpc.cli_cache import cache
 from kbpc.cli_options import CONFIG_OPTION, TRUST_OPTION, reports_errors
 from kbpc.errors import KbpcError
 
@@ -267,6 +268,7 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, json_path:
 main.add_command(keygen)
 main.add_command(sign)
 main.add_command(verify)
+main.add_command(cache)
 
 if __name__ == "__main__":
     main()

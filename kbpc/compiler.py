@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,7 +24,9 @@ from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.cache import ObjectCache
 from kbpc.toolchain.library import BuildResult, build_library
+from kbpc.toolchain.workdir import build_folder, sweep
 from kbpc.weights.checkpoint import open_checkpoint
 
 LIB_PATH = "lib/rank0/libkbp.so"
@@ -69,14 +70,15 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
             path.write_text(text)
     on_stage("nvcc")
     target = get_target(req.options.target)
-    with tempfile.TemporaryDirectory(prefix="kbpc-build-") as tmp:
-        lib = Path(tmp) / "libkbp.so"
-        build = build_library(sources.files, target, lib, cache_dir=req.cache_dir, jobs=req.jobs,
-                              on_object=on_object)
+    cache = ObjectCache(req.cache_dir)
+    sweep(cache.temp)   # what compiles killed earlier left behind
+    with build_folder(cache.temp) as work:
+        build = build_library(sources.files, target, work, cache, jobs=req.jobs, on_object=on_object)
         on_stage("bundle")
-        members = _members(req, bp.raw, plan, sources, lib)
+        members = _members(req, bp.raw, plan, sources, build.library)
         manifest = _manifest(req, plan, sources, build)
         final = write_bundle(req.output, manifest, members, req.signer)
+    cache.trim()
     return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output))
 
 

@@ -11,12 +11,12 @@ PyCUDA is imported lazily: importing this module costs nothing on a machine with
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from kbpc.env import environment
 from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR
 from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda
@@ -26,7 +26,7 @@ from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda
 FLOAT_POISON_BYTE = 0xFF
 INT_POISON_BYTE = 0xA5
 
-_CACHE_DIR = Path(os.environ.get("KBPC_TEST_CUBIN_CACHE", tempfile.gettempdir())) / "kbpc-test-cubins"
+_CACHE_DIR = (environment().test_cubin_cache or Path(tempfile.gettempdir())) / "kbpc-test-cubins"
 
 
 def _cuda():
