@@ -71,7 +71,8 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
     on_stage("nvcc")
     target = get_target(req.options.target)
     cache = ObjectCache(req.cache_dir)
-    sweep(cache.temp)   # what compiles killed earlier left behind
+    sweep(cache.temp)      # what compiles killed earlier left behind
+    sweep(cache.objects)
     with build_folder(cache.temp) as work:
         build = build_library(sources.files, target, work, cache, jobs=req.jobs, on_object=on_object)
         on_stage("bundle")

@@ -30,6 +30,7 @@ import platformdirs
 
 from kbpc.env import environment
 from kbpc.errors import BuildError
+from kbpc.util.atomic import atomic_writer
 from kbpc.toolchain.workdir import remove_if_unused, sweep
 
 _MAGIC = b"KBPCOBJ1"
@@ -55,20 +56,6 @@ def run_bundle_dir() -> Path:
 def _os_error(exc: OSError, path: Path) -> BuildError:
     return BuildError(f"object cache: {exc.strerror or exc} (choose another folder with --cache-dir or "
                       "KBPC_CACHE_DIR)", str(path))
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary name beside `path`, fsync it and rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -122,7 +109,8 @@ class ObjectCache:
     def store(self, key: str, data: bytes) -> None:
         entry = _HEADER.pack(_MAGIC, hashlib.sha256(data).digest(), len(data)) + data
         try:
-            write_durably(self._entry(key), entry)
+            with atomic_writer(self._entry(key), sweep=False) as fh:  # compiles sweep obj/ once
+                fh.write(entry)
         except OSError as exc:
             raise _os_error(exc, self.root) from None
 

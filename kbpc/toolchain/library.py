@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,9 +22,10 @@ from kbpc.targets import Target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.toolchain.cache import ObjectCache
 from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda, nvcc_path, nvcc_version
+from kbpc.toolchain.process import end_all, run_tool
 
 # Bump when what goes into an object changes in a way the key's other parts do not show.
-OBJECT_FORMAT = "kbpc-object/2"
+OBJECT_FORMAT = "kbpc-object/3"
 LIBRARY_NAME = "libkbp.so"
 
 
@@ -70,10 +70,12 @@ def build_flags(target: Target) -> tuple[str, ...]:
 
 
 def object_keys(units: dict[str, str], target: Target) -> dict[str, str]:
-    """Unit name -> cache key (source text, headers, flags, target, nvcc version)."""
+    """Unit name -> cache key (name and source text, headers, flags, target, nvcc version). The name
+    is part of it because the object depends on it (see compile_cuda)."""
     common = hashlib.sha256(repr((OBJECT_FORMAT, _headers_digest(), build_flags(target), nvcc_version()))
                             .encode()).hexdigest()
-    return {name: hashlib.sha256((common + "\0" + text).encode()).hexdigest()[:32] for name, text in units.items()}
+    return {name: hashlib.sha256(f"{common}\0{name}\0{text}".encode()).hexdigest()[:32]
+            for name, text in units.items()}
 
 
 def build_library(sources: dict[str, str], target: Target, work: Path, cache: ObjectCache, *,
@@ -93,15 +95,24 @@ def build_library(sources: dict[str, str], target: Target, work: Path, cache: Ob
         else:
             src = work / f"{keys[name]}.cu"
             src.write_text(units[name])
-            compile_cuda(src, obj, target, kind="obj")
+            compile_cuda(src, obj, target, kind="obj", name=name)
             cache.store(keys[name], obj.read_bytes())
         if on_object:
             on_object(name, data is not None)
         return UnitBuild(name, keys[name], data is not None, time.perf_counter() - t0)
 
     workers = jobs or max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        built = tuple(pool.map(one, sorted(units)))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(one, name) for name in sorted(units)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        built = tuple(f.result() for f in futures)
+    except BaseException:   # a failed unit, Ctrl-C, SIGTERM: end the other nvcc jobs now
+        pool.shutdown(wait=False, cancel_futures=True)
+        end_all()
+        pool.shutdown(wait=True)
+        raise
+    pool.shutdown(wait=True)
     library = work / LIBRARY_NAME
     _link(tuple(work / f"{u.key}.o" for u in built), library, target)
     return BuildResult(library=library, units=built, flags=build_flags(target), nvcc=nvcc_version())
@@ -119,7 +130,7 @@ def link_command(objects: tuple[Path, ...], out: Path, target: Target) -> list[s
 def _link(objects: tuple[Path, ...], out: Path, target: Target) -> None:
     tmp = out.with_name(f".{out.name}.tmp")
     cmd = link_command(objects, tmp, target)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = run_tool(cmd, cwd=out.parent)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise BuildError(f"linking the artifact library failed\ncommand: {' '.join(cmd)}\n{proc.stderr.strip()}")
@@ -127,5 +138,8 @@ def _link(objects: tuple[Path, ...], out: Path, target: Target) -> None:
     if strip is None:  # without it the library keeps nvcc's temp names and is not reproducible
         tmp.unlink(missing_ok=True)
         raise BuildError("strip (GNU binutils) not found on PATH; it is needed to build a library")
-    subprocess.run([strip, "--strip-all", str(tmp)], check=True, capture_output=True)
+    proc = run_tool([strip, "--strip-all", str(tmp)])
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"strip failed on the artifact library: {proc.stderr.strip()}")
     os.replace(tmp, out)

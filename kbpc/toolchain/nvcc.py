@@ -5,9 +5,10 @@ What nvcc builds holds no path of this machine, so the same sources and toolchai
 bytes in any checkout and any cache directory:
 - nvcc runs in the source's folder and is given the source by its bare name;
 - the front end (cudafe++) and the device compiler (cicc) name anonymous namespaces
-  (`_GLOBAL__N__<hash of the source's absolute path>`) after `--orig_src_path_name`, which nvcc
-  sets to the absolute path; it is set again, to the bare name, after nvcc's own (the last one
-  wins, and both tools get the same value, so host stubs and device kernels still agree);
+  (`_GLOBAL__N__<hash of the source's absolute path>_<name>`) after `--orig_src_path_name`,
+  which nvcc sets to the absolute path; it is set again, to the unit's own name (`name`), after
+  nvcc's own (the last one wins, and both tools get the same value, so host stubs and device
+  kernels still agree);
 - `-ffile-prefix-map` turns the kernels/ and runtime_stub/ folders into those relative names
   wherever the preprocessor would spell a path (`__FILE__`);
 - no `-lineinfo`: its line tables record the working directory and the CUDA include folders as
@@ -27,6 +28,7 @@ from pathlib import Path
 from kbpc.errors import BuildError
 from kbpc.targets import Target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.process import run_tool
 
 
 # Numerics: no FMA contraction (the reference rounds every product and sum), no fast math.
@@ -58,8 +60,11 @@ def _source_name_flags(name: str) -> list[str]:
 
 
 def compile_cuda(source: Path, output: Path, target: Target, *, kind: str = "cubin",
-                 include_dirs: tuple[Path, ...] = (), extra_flags: tuple[str, ...] = ()) -> list[str]:
+                 include_dirs: tuple[Path, ...] = (), extra_flags: tuple[str, ...] = (),
+                 name: str | None = None) -> list[str]:
     """Compile one .cu file to a cubin, an object file or a shared library; return the command.
+    `name` (default: the file's name) is what the compiled code may say about where it came from
+    (anonymous namespaces are named after it).
 
     The output is written to a temporary name and renamed, so a failed build leaves nothing."""
     kind_flags = {"cubin": ("-cubin",), "obj": ("-c", "-Xcompiler", "-fPIC"),
@@ -73,8 +78,10 @@ def compile_cuda(source: Path, output: Path, target: Target, *, kind: str = "cub
     os.close(fd)
     source = Path(source).resolve()
     cmd = [nvcc_path(), *BASE_FLAGS, *target.gencode, *kind_flags[kind], *_include_flags(include_dirs),
-           *_source_name_flags(source.name), *extra_flags, source.name, "-o", tmp]
-    proc = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, check=False)
+           *_source_name_flags(name or source.name), *extra_flags, source.name, "-o", tmp]
+    # nvcc's intermediate files go beside the source (a compile's private folder, swept if the
+    # compile is killed) rather than into the shared temp folder
+    proc = run_tool(cmd, cwd=source.parent, extra_env={"TMPDIR": str(source.parent)})
     if proc.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
         raise BuildError(

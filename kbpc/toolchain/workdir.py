@@ -4,7 +4,7 @@
 A compile killed outright (kill -9, a power cut) cannot remove its folder, so each folder holds a
 `.lock` file that its compile keeps locked (flock) while it runs: the kernel drops the lock when
 the process dies, however it dies. The next compile sweeps folders whose lock it can take, and
-temporary files older than an hour (`.<name>.<pid>.tmp`, left by a kill in the middle of a write)."""
+temporaries no writer holds (kbpc/util/atomic.py), left by a kill in the middle of a write."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+
+from kbpc.util.atomic import remove_if_dead
 
 STALE_SECONDS = 3600     # an unlocked temporary older than this belongs to no running compile
 _LOCK = ".lock"
@@ -46,37 +48,34 @@ def _older_than(path: Path, seconds: float) -> bool:
 
 
 def remove_if_unused(path: Path, min_age: float = STALE_SECONDS) -> int:
-    """Remove a build folder whose lock no process holds, or a temporary file (or a folder without
-    a lock file) older than `min_age` seconds; return the bytes freed (0 if it was kept)."""
+    """Remove a build folder whose lock no process holds, a temporary file no writer holds
+    (kbpc/util/atomic.py), or a folder without a lock file older than `min_age` seconds; return
+    the bytes freed (0 if it was kept)."""
+    if not path.is_dir():
+        return remove_if_dead(path)
     lock_path = path / _LOCK
-    if path.is_dir() and lock_path.exists():
+    if lock_path.exists():
         try:
             with open(lock_path, "rb") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 size = _size(path)
                 shutil.rmtree(path, ignore_errors=True)
                 return size
-        except BlockingIOError:
-            return 0  # a running compile holds it
-        except FileNotFoundError:
-            return 0
+        except (BlockingIOError, FileNotFoundError):
+            return 0  # a running compile holds it, or it is gone
     if not _older_than(path, min_age):
-        return 0
-    with contextlib.suppress(FileNotFoundError):
-        size = _size(path)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink()
-        return size
-    return 0
+        return 0      # being created: its compile has not locked it yet
+    size = _size(path)
+    shutil.rmtree(path, ignore_errors=True)
+    return size
 
 
 def sweep(folder: Path, min_age: float = STALE_SECONDS) -> int:
-    """Remove what killed compiles left in `folder`; the bytes freed."""
+    """Remove what killed compiles left in `folder` (build folders, `*.tmp`); the bytes freed."""
     freed = 0
     with contextlib.suppress(FileNotFoundError):
-        for item in list(folder.iterdir()):
-            if item.is_dir() or item.name.endswith(".tmp"):
-                freed += remove_if_unused(item, min_age)
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) or entry.name.endswith(".tmp"):
+                    freed += remove_if_unused(Path(entry.path), min_age)
     return freed
