@@ -205,18 +205,30 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     or a blueprint JSON for the reference backend) and report the ids and tokens/s."""
     from rich.progress import Progress
 
+    from kbpc.bundle.keys import trusted_keyring
     from kbpc.runtime.generate import check_prompt, generate
-    from kbpc.runtime.select import open_backend
+    from kbpc.runtime.select import choose_backend, is_bundle, open_backend
 
     prompt = _parse_ids(prompt_ids)
     ctx = context or len(prompt) + max_new_tokens
-    chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path)
+    source = model
+    chosen = choose_backend(model, backend)
+    trust = trusted_keyring([trust_path]) if trust_path else None
+    if chosen == "cuda" and not is_bundle(model):   # compile for this GPU first (cached)
+        from kbpc.compiler import compile_for_run
+        from kbpc.runtime.device import local_device
+
+        device = local_device()
+        if device.target is None:
+            raise KbpcError(f"kbpc cannot build for this GPU: {device.describe()}", "GPU")
+        model, trust = compile_for_run(model, config_path, ctx, device.target)
+    step_backend, vocab = open_backend(model, chosen, weights_source, ctx, trust, config_path)
     check_prompt(prompt, vocab)
     steps = len(prompt) + max_new_tokens - 1
     with Progress(transient=True, disable=as_json or steps < 8) as progress:
         task = progress.add_task(f"decoding ({chosen} backend)", total=steps)
         result = generate(step_backend, prompt, max_new_tokens, on_token=lambda _: progress.advance(task))
-    summary = {"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}
+    summary = {"backend": chosen, "model": str(source), "weights": weights_source, **result.to_json()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -235,12 +247,14 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
 @click.option("--weights", "weights_source", default="synthetic:0", show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results as JSON (e.g. bench/results/<name>.json).")
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Copy bandwidth in GB/s for the floors (default: measured on this GPU at start).")
 @TRUST_OPTION
 @reports_errors
 def bench(bundle: Path, context: int, runs: int, weights_source: str, json_path: Path | None,
-          trust_path: Path | None) -> None:
+          bandwidth: float | None, trust_path: Path | None) -> None:
     """Measure a bundle on the GPU: tokens/s at batch 1 and time per kernel family against the
-    bandwidth floor (bytes read / 4.3 TB/s)."""
+    bandwidth floor (bytes moved / the GPU's copy bandwidth, measured at start unless given)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -250,12 +264,16 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, json_path:
     from kbpc.util.atomic import write_text_atomic
 
     model = load_bundle_model(bundle, Keyring.load(trust_path) if trust_path else None)
-    r = run_bench(model, context, runs, weights=weights_source)
+    r = run_bench(model, context, runs, weights=weights_source,
+                  bandwidth=bandwidth * 1e9 if bandwidth is not None else None)
     if json_path:
         write_text_atomic(json_path, json.dumps(r, indent=1) + "\n")
     click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}) at "
                f"context {r['context']}; floor {r['floor_ms']:.3f} ms ({r['bytes_per_token'] / 1e9:.2f} GB/token "
-               f"at 4.3 TB/s) = {100 * r['roofline_fraction']:.1f}% of roofline; {r['launches_per_step']} launches")
+               f"at {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s) = {100 * r['roofline_fraction']:.1f}% of "
+               f"roofline; {r['launches_per_step']} launches")
+    click.echo(f"device: {r['device']}; copy bandwidth {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s "
+               f"({r['bandwidth']['source']})")
     table = Table(title=f"profiled step (serialized): {r['profiled_step_ms']:.3f} ms")
     for col in ("family", "groups", "us", "floor us", "% of floor"):
         table.add_column(col, justify="left" if col == "family" else "right")

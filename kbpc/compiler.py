@@ -15,7 +15,7 @@ from typing import Callable
 
 from kbpc import __version__
 from kbpc.bundle.container import Member, write_bundle
-from kbpc.bundle.keys import Signer
+from kbpc.bundle.keys import Keyring, Signer, ensure_default_key
 from kbpc.bundle.manifest import canonical_json
 from kbpc.codegen.emit import Sources, generate
 from kbpc.errors import KbpcError
@@ -23,8 +23,8 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
-from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
-from kbpc.toolchain.cache import ObjectCache
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR, sources_digest
+from kbpc.toolchain.cache import ObjectCache, run_bundle_dir
 from kbpc.toolchain.library import BuildResult, build_library
 from kbpc.toolchain.workdir import build_folder, sweep
 from kbpc.weights.checkpoint import open_checkpoint
@@ -151,3 +151,22 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
                                   for f in files]
     return manifest
+
+
+def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str) -> tuple[Path, Keyring]:
+    """`kbpc run BLUEPRINT.json` on a GPU: compile for that GPU's `target` into the run cache,
+    signed with the local default key, and return the bundle and the keyring that trusts it. The
+    bundle is reused while the blueprint, config, context, target, signing key and kbpc's own
+    sources (kernels, runtime stub, templates, code generation) are unchanged."""
+    key_path, _ = ensure_default_key()
+    signer = Signer.load(key_path)
+    digest = hashlib.sha256()
+    for part in (Path(blueprint).read_bytes(), Path(config).read_bytes() if config else b"", str(context).encode(),
+                 target.encode(), " ".join(signer.key_ids).encode(), sources_digest().encode(), __version__.encode()):
+        digest.update(hashlib.sha256(part).digest())
+    out = run_bundle_dir() / f"{Path(blueprint).stem[:64]}-{target}-{digest.hexdigest()[:16]}.kbp"
+    if not out.exists():
+        compile_bundle(CompileRequest(blueprint=Path(blueprint), output=out,
+                                      options=Options(target=target, max_context=max(context, 16)),
+                                      signer=signer, config=config))
+    return out, signer.keyring()

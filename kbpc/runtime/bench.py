@@ -12,17 +12,23 @@ import statistics
 import time
 from collections import defaultdict
 
-from kbpc.passes.schedule_streams import BANDWIDTH_BYTES_PER_US
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.cuda_backend import CudaBackend
+from kbpc.runtime.device import COPY_BYTES, COPY_REPEATS, local_device, measure_copy_bandwidth
 from kbpc.runtime.traffic import family_bytes
 
 
 def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,
-              weights: str = "synthetic:0") -> dict:
+              weights: str = "synthetic:0", bandwidth: float | None = None) -> dict:
+    """`bandwidth` (bytes/s) is the yardstick of the floors; None measures the GPU's copy bandwidth."""
     plan = json.loads(model.bundle.read("plan.json"))
     backend = CudaBackend(model, weights, None)
     try:
+        if bandwidth is None:
+            yardstick = {"bytes_per_s": measure_copy_bandwidth(backend.cuda),
+                         "source": f"measured: device-to-device copy of {COPY_BYTES >> 20} MiB, best of {COPY_REPEATS}"}
+        else:
+            yardstick = {"bytes_per_s": bandwidth, "source": "given (--bandwidth)"}
         backend.position = min(context, backend.max_context - warmup - runs - 2)
         start_pos = backend.position
         for _ in range(warmup):
@@ -45,18 +51,20 @@ def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: i
     fbytes = family_bytes(model.blueprint, plan, start_pos)
     step_bytes = sum(fbytes.values())
     median = statistics.median(times)
-    floor_us = step_bytes / BANDWIDTH_BYTES_PER_US
+    per_us = yardstick["bytes_per_s"] / 1e6
+    floor_us = step_bytes / per_us
     return {
         "blueprint_id": model.manifest["blueprint_id"], "plan_digest": model.manifest["plan_digest"],
-        "target": model.manifest["target"], "context": start_pos, "runs": runs,
+        "target": model.manifest["target"], "device": local_device(backend.cuda).describe(),
+        "bandwidth": yardstick, "context": start_pos, "runs": runs,
         "step_ms_median": median * 1e3, "tokens_per_s": 1.0 / median,
         "bytes_per_token": step_bytes, "floor_ms": floor_us / 1e3,
         "roofline_fraction": (floor_us / 1e6) / median,
         "launches_per_step": model.manifest["step"]["launches"],
         "profiled_step_ms": float(group_ms.sum()),
         "families": {f: {"us": per_family[f], "groups": launches[f], "bytes": fbytes.get(f, 0.0),
-                         "floor_us": fbytes.get(f, 0.0) / BANDWIDTH_BYTES_PER_US,
-                         "fraction": (fbytes.get(f, 0.0) / BANDWIDTH_BYTES_PER_US) / per_family[f]
+                         "floor_us": fbytes.get(f, 0.0) / per_us,
+                         "fraction": (fbytes.get(f, 0.0) / per_us) / per_family[f]
                          if per_family[f] else None}
                      for f in sorted(per_family, key=lambda f: -per_family[f])},
     }

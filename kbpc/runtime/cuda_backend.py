@@ -18,6 +18,7 @@ from kbpc.ir.weights import weight_specs
 from kbpc.reference.argmax_host import argmax_host
 from kbpc.reference.formats import bf16_from_bits
 from kbpc.runtime.bundle_model import BundleModel
+from kbpc.runtime.device import check_bundle_target, local_device
 from kbpc.weights.checkpoint import load_checkpoint
 from kbpc.weights.synthetic import (BLOCK_SCALE_CODES, FP8_WEIGHT_CODES, parse_seed, rule_for,
                                     tensor_key)
@@ -74,6 +75,7 @@ class CudaBackend:
         self.max_context = manifest["options"]["max_context"]
         if max_context is not None and max_context > self.max_context:
             raise DeviceError(f"context {max_context} exceeds the bundle's --max-context {self.max_context}")
+        check_bundle_target(manifest["target"], local_device(cuda))   # before loading its code
         self._tmp = tempfile.TemporaryDirectory(prefix="kbpc-run-")
         self.lib = _load_library(model.bundle.extract(LIB_PATH, Path(self._tmp.name)))
         info = self.lib.kbp_info().contents

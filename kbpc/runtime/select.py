@@ -1,9 +1,12 @@
-"""Pick and open the backend `kbpc run` uses for a model path."""
+"""Pick and open the backend `kbpc run` uses for a model path. A blueprint JSON that should run on
+the GPU is compiled first by the driver (kbpc.compiler.compile_for_run), which the CLI calls
+before opening the backend: nothing here builds anything."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+from kbpc.bundle.keys import Keyring, trusted_keyring
 from kbpc.errors import DeviceError, KbpcError
 
 
@@ -24,59 +27,38 @@ def gpu_present() -> bool:
         return False
 
 
-def open_backend(model: Path, backend: str, weights: str, context: int, trust: Path | None,
-                 config: Path | None):
-    """(backend name, StepBackend, vocab)."""
-    from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
-
+def choose_backend(model: Path, backend: str) -> str:
+    """'cuda' or 'reference' for `--backend` auto|cuda|reference and this model on this machine."""
     if not Path(model).exists():
         raise KbpcError("no such file", str(model))
-    if is_bundle(model):
-        from kbpc.bundle.keys import Keyring
-        from kbpc.runtime.bundle_model import load_bundle_model
-
-        bm = load_bundle_model(model, Keyring.load(trust) if trust else None)
-        if backend == "cuda" or (backend == "auto" and gpu_present()):
-            from kbpc.runtime.cuda_backend import CudaBackend
-            cb = CudaBackend(bm, weights, context)
-            return "cuda", cb, cb.vocab
-        bp = bm.blueprint
-    else:
-        can_build = shutil.which("nvcc") is not None
-        if backend == "cuda" and not can_build:
+    if backend != "auto":
+        if backend == "cuda" and not is_bundle(model) and shutil.which("nvcc") is None:
             raise KbpcError("running a blueprint JSON on the GPU compiles it first, and nvcc is not on "
                             "PATH; compile it elsewhere (kbpc compile) or use --backend reference", "--backend")
-        if backend == "cuda" or (backend == "auto" and can_build and gpu_present()):
-            from kbpc.runtime.bundle_model import load_bundle_model
+        return backend
+    can_run = is_bundle(model) or shutil.which("nvcc") is not None
+    return "cuda" if can_run and gpu_present() else "reference"
+
+
+def open_backend(model: Path, backend: str, weights: str, context: int, trust: Keyring | None,
+                 config: Path | None):
+    """(StepBackend, vocab) for `backend` as choose_backend picked it. A bundle is verified against
+    `trust` (default: the default key's keyring) before anything in it is used."""
+    from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
+
+    if is_bundle(model):
+        from kbpc.runtime.bundle_model import load_bundle_model
+
+        bm = load_bundle_model(model, trust if trust is not None else trusted_keyring())
+        if backend == "cuda":
             from kbpc.runtime.cuda_backend import CudaBackend
-            path, trust_ring = compile_for_gpu(Path(model), config, context)
-            cb = CudaBackend(load_bundle_model(path, trust_ring), weights, context)
-            return "cuda", cb, cb.vocab
+            cb = CudaBackend(bm, weights, context)
+            return cb, cb.vocab
+        bp = bm.blueprint
+    else:
+        if backend == "cuda":
+            raise KbpcError("the GPU runs compiled bundles; compile the blueprint first", str(model))
         from kbpc.frontend.load import load_blueprint
         bp = load_blueprint(model, config)
     ref = ReferenceBackend(bp, load_weights(bp, weights), context)
-    return "reference", ref, ref.vocab
-
-
-def compile_for_gpu(blueprint: Path, config: Path | None, context: int):
-    """Compile a blueprint for the local GPU into the user cache (reused while the blueprint,
-    config, context and kbpc are unchanged), signed with the local default key."""
-    import hashlib
-
-    import platformdirs
-
-    from kbpc import __version__
-    from kbpc.bundle.keys import Keyring, Signer, default_key_paths, ensure_default_key
-    from kbpc.compiler import CompileRequest, compile_bundle
-    from kbpc.ir.plan import Options
-
-    key_path, _ = ensure_default_key()
-    digest = hashlib.sha256()
-    for part in (blueprint.read_bytes(), config.read_bytes() if config else b"", str(context).encode(),
-                 __version__.encode()):
-        digest.update(part)
-    out = Path(platformdirs.user_cache_dir("kbpc")) / "run" / f"{blueprint.stem}-{digest.hexdigest()[:16]}.kbp"
-    if not out.exists():
-        compile_bundle(CompileRequest(blueprint=blueprint, output=out, options=Options(max_context=max(context, 16)),
-                                      signer=Signer.load(key_path), config=config))
-    return out, Keyring.load(default_key_paths().public)
+    return ref, ref.vocab
