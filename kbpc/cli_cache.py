@@ -2,12 +2,11 @@
 for the local GPU. Registered into the `kbpc` group by kbpc/cli.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from kbpc.cli_options import reports_errors
+from kbpc.cli_options import emit_report, json_options, reports_errors
 
 CACHE_DIR_OPTION = click.option(
     "--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -30,9 +29,9 @@ def _run_bundles() -> tuple[int, int]:
 
 @cache.command()
 @CACHE_DIR_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_options
 @reports_errors
-def info(cache_dir: Path | None, as_json: bool) -> None:
+def info(cache_dir: Path | None, as_json: bool, json_out: Path | None) -> None:
     """Where the caches are and how much they hold."""
     from kbpc.report.render import human_bytes
     from kbpc.toolchain.cache import ObjectCache, run_bundle_dir
@@ -41,8 +40,7 @@ def info(cache_dir: Path | None, as_json: bool) -> None:
     count, size = _run_bundles()
     report = {"schema": "kbpc-cache-info/v1", "objects": objects.to_json(),
               "run_bundles": {"root": str(run_bundle_dir()), "bundles": count, "bytes": size}}
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
+    if emit_report(report, as_json, json_out):
         return
     click.echo(f"objects:     {objects.root}: {objects.entries} objects, {human_bytes(objects.bytes)} "
                f"(limit {human_bytes(objects.limit)}); {objects.temp_items} build folders, "
@@ -55,8 +53,9 @@ def info(cache_dir: Path | None, as_json: bool) -> None:
 @click.option("--keep", metavar="SIZE", default=None,
               help="Keep the most recently used objects up to SIZE (e.g. 1G) instead of removing all; "
                    "run bundles are kept.")
+@json_options
 @reports_errors
-def clean(cache_dir: Path | None, keep: str | None) -> None:
+def clean(cache_dir: Path | None, keep: str | None, as_json: bool, json_out: Path | None) -> None:
     """Remove cached objects, leftover build folders and compiled run bundles (a running compile's
     folder is kept)."""
     from kbpc.env import parse_size
@@ -71,4 +70,6 @@ def clean(cache_dir: Path | None, keep: str | None) -> None:
         for bundle in sorted(run_bundle_dir().glob("*.kbp")):
             freed += bundle.stat().st_size
             bundle.unlink(missing_ok=True)
-    click.echo(f"freed {human_bytes(freed)}")
+    if not emit_report({"schema": "kbpc-cache-clean/v1", "root": str(objects.root), "freed_bytes": freed},
+                       as_json, json_out):
+        click.echo(f"freed {human_bytes(freed)}")

@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kbpc import __version__
 from kbpc.bundle.container import Member, write_bundle
@@ -25,7 +24,7 @@ from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR, sources_digest
 from kbpc.toolchain.cache import ObjectCache, run_bundle_dir
-from kbpc.toolchain.library import BuildResult, build_library
+from kbpc.toolchain.library import BuildEvents, BuildResult, build_library
 from kbpc.toolchain.workdir import build_folder, sweep
 from kbpc.weights.checkpoint import open_checkpoint
 
@@ -54,8 +53,8 @@ class CompileResult:
     build: BuildResult
 
 
-def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
-                   on_object: Callable[[str, bool], None] | None = None) -> CompileResult:
+def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> CompileResult:
+    on_stage = events.stage
     on_stage("front end")
     bp = load_blueprint(req.blueprint, req.config)
     on_stage("passes")
@@ -74,7 +73,7 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
     sweep(cache.temp)      # what compiles killed earlier left behind
     sweep(cache.objects)
     with build_folder(cache.temp) as work:
-        build = build_library(sources.files, target, work, cache, jobs=req.jobs, on_object=on_object)
+        build = build_library(sources.files, target, work, cache, jobs=req.jobs, events=events)
         on_stage("bundle")
         members = _members(req, bp.raw, plan, sources, build.library)
         manifest = _manifest(req, plan, sources, build)

@@ -23,11 +23,11 @@ step() { echo "== $*"; "$@" || rc=1; }
 if [ -f out/tiny-debug.kbp ]; then   # compiled with --debug-arena: every intermediate vs the reference
     step $KBPC verify out/tiny-debug.kbp $TRUST --numerics --intermediates --positions 4 -q 2>&1 | tee "$OUTDIR/intermediates.log"
 fi
-step $KBPC verify out/tiny.kbp $TRUST --numerics --positions 64 --json "$OUTDIR/numerics.json" 2>&1 | tee "$OUTDIR/numerics.log"
+step $KBPC verify out/tiny.kbp $TRUST --numerics --positions 64 --json-out "$OUTDIR/numerics.json" 2>&1 | tee "$OUTDIR/numerics.log"
 if [ -f out/seed-e128.kbp ]; then
     step $KBPC run out/seed-e128.kbp $TRUST --prompt-ids 1,2,3,4 --max-new-tokens 16 --context 64 --json 2>&1 | tee "$OUTDIR/seed-run.log"
     for ctx in 1024 16384; do
-        step $KBPC bench out/seed-e128.kbp $TRUST --context $ctx --runs 20 --json "$OUTDIR/bench-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$ctx.log"
+        step $KBPC bench out/seed-e128.kbp $TRUST --context $ctx --runs 20 --json-out "$OUTDIR/bench-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$ctx.log"
     done
 fi
 python3 -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -x -rfE 2>&1 | tail -25 | tee "$OUTDIR/pytest.log"

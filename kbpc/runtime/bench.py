@@ -54,7 +54,7 @@ def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: i
     per_us = yardstick["bytes_per_s"] / 1e6
     floor_us = step_bytes / per_us
     return {
-        "blueprint_id": model.manifest["blueprint_id"], "plan_digest": model.manifest["plan_digest"],
+        "schema": "kbpc-bench/v1", "blueprint_id": model.manifest["blueprint_id"], "plan_digest": model.manifest["plan_digest"],
         "target": model.manifest["target"], "device": local_device(backend.cuda).describe(),
         "bandwidth": yardstick, "context": start_pos, "runs": runs,
         "step_ms_median": median * 1e3, "tokens_per_s": 1.0 / median,

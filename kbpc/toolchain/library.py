@@ -15,7 +15,6 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kbpc.errors import BuildError
 from kbpc.targets import Target
@@ -32,6 +31,19 @@ LIBRARY_NAME = "libkbp.so"
 def runtime_sources() -> dict[str, str]:
     """The hand-written runtime compiled into every artifact."""
     return {f"runtime_stub/{p.name}": p.read_text() for p in sorted(RUNTIME_STUB_DIR.glob("*.cu"))}
+
+
+class BuildEvents:
+    """What a compile tells its caller as it goes (for progress displays); these do nothing."""
+
+    def stage(self, name: str) -> None:
+        """A stage starts: front end, passes, code generation, nvcc, bundle."""
+
+    def objects(self, total: int) -> None:
+        """The nvcc stage has `total` objects to provide."""
+
+    def object_done(self, name: str, cached: bool) -> None:
+        """One object is ready (compiled now, or taken from the cache)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +91,12 @@ def object_keys(units: dict[str, str], target: Target) -> dict[str, str]:
 
 
 def build_library(sources: dict[str, str], target: Target, work: Path, cache: ObjectCache, *,
-                  jobs: int | None = None, on_object: Callable[[str, bool], None] | None = None) -> BuildResult:
+                  jobs: int | None = None, events: BuildEvents = BuildEvents()) -> BuildResult:
     """Compile `sources` (relative name -> CUDA text) plus the runtime stub in the private folder
-    `work`, through `cache`, and link them into `work`/libkbp.so. `on_object(name, cached)` is
-    called as each object is ready (progress display)."""
+    `work`, through `cache`, and link them into `work`/libkbp.so."""
     units = {**sources, **runtime_sources()}
     keys = object_keys(units, target)
+    events.objects(len(units))
 
     def one(name: str) -> UnitBuild:
         t0 = time.perf_counter()
@@ -97,8 +109,7 @@ def build_library(sources: dict[str, str], target: Target, work: Path, cache: Ob
             src.write_text(units[name])
             compile_cuda(src, obj, target, kind="obj", name=name)
             cache.store(keys[name], obj.read_bytes())
-        if on_object:
-            on_object(name, data is not None)
+        events.object_done(name, data is not None)
         return UnitBuild(name, keys[name], data is not None, time.perf_counter() - t0)
 
     workers = jobs or max(1, os.cpu_count() or 1)
