@@ -74,10 +74,13 @@ def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: 
 @click.option("--intermediates", is_flag=True,
               help="With --numerics on a --debug-arena bundle: compare every intermediate buffer of "
                    "the step with the reference and list them in launch order.")
+@click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
+              help="With --numerics: synthetic:SEED, a safetensors checkpoint or a Hugging Face "
+                   "checkpoint folder.")
 @json_options
 @reports_errors
 def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: bool, positions: int,
-           intermediates: bool, as_json: bool, json_out: Path | None) -> None:
+           intermediates: bool, weights_source: str, as_json: bool, json_out: Path | None) -> None:
     """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
     signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
     as the signed manifest records, no member added or missing. Exit code 3 on any failure."""
@@ -95,9 +98,9 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: b
               "members": checked.members, "bytes": checked.total_bytes, "checks": checked.checks}
     failed = None
     if numerics and intermediates:
-        report["intermediates"] = _check_intermediates(bundle, trust, positions, quiet, say)
+        report["intermediates"] = _check_intermediates(bundle, trust, positions, quiet, say, weights_source)
     if numerics:
-        report["numerics"] = _check_numerics(bundle, trust, positions, quiet, say)
+        report["numerics"] = _check_numerics(bundle, trust, positions, quiet, say, weights_source)
         if not report["numerics"]["passed"]:
             report["verified"] = False
             failed = "the GPU step does not match the reference within the limits"
@@ -107,11 +110,11 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: b
         raise VerificationError(failed, str(bundle))
 
 
-def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, say) -> list[dict]:
+def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, say, weights: str) -> list[dict]:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_intermediates
 
-    diffs = compare_intermediates(load_bundle_model(bundle, trust), steps=positions)
+    diffs = compare_intermediates(load_bundle_model(bundle, trust), weights=weights, steps=positions)
     bad = [d for d in diffs if d.rel_l2 > 1e-2]
     say(f"intermediates at position {positions - 1}: {len(diffs)} buffers, {len(bad)} with rel err > 1e-2 "
         "(launch order; * marks them)")
@@ -123,7 +126,7 @@ def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, say) 
             for d in diffs]
 
 
-def _check_numerics(bundle: Path, trust, positions: int, quiet: bool, say) -> dict:
+def _check_numerics(bundle: Path, trust, positions: int, quiet: bool, say, weights: str) -> dict:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_numerics
 
@@ -131,7 +134,8 @@ def _check_numerics(bundle: Path, trust, positions: int, quiet: bool, say) -> di
         if not quiet:
             say(f"  position {pos:3d}: rel L2 {rep.rel_l2[-1]:.2e}  same token {rep.same_token[-1]}")
 
-    report = compare_numerics(load_bundle_model(bundle, trust), positions, on_position=show)
-    say(f"numerics: max rel L2 {report.max_rel_l2:.3e} (limit 1e-2), same greedy token at "
-        f"{100 * report.agreement:.1f}% of {positions} positions (limit 95%)")
+    report = compare_numerics(load_bundle_model(bundle, trust), positions, weights=weights, on_position=show)
+    rel_limit, agree_limit = report.limits
+    say(f"numerics ({report.mode} mode): max rel L2 {report.max_rel_l2:.3e} (limit {rel_limit:g}), same "
+        f"greedy token at {100 * report.agreement:.1f}% of {positions} positions (limit {100 * agree_limit:g}%)")
     return report.to_json()

@@ -16,17 +16,21 @@ from kbpc import __version__
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Keyring, Signer, ensure_default_key
 from kbpc.bundle.manifest import canonical_json
-from kbpc.codegen.emit import Sources, generate
+from kbpc.codegen.emit import Sources, build_step, generate
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
+from kbpc.report.fusion import FusionReport, fusion_report
 from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR, sources_digest
 from kbpc.toolchain.cache import ObjectCache, run_bundle_dir
 from kbpc.toolchain.library import BuildEvents, BuildResult, build_library
 from kbpc.toolchain.workdir import build_folder, sweep
+from kbpc.util.hashing import sha256_file
 from kbpc.weights.checkpoint import open_checkpoint
+from kbpc.weights.convert import converted_config
+from kbpc.weights.hf_checkpoint import bind, is_hf_folder
 
 LIB_PATH = "lib/rank0/libkbp.so"
 
@@ -51,17 +55,25 @@ class CompileResult:
     manifest: dict
     plan: Plan
     build: BuildResult
+    fusion: FusionReport
 
 
 def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> CompileResult:
     on_stage = events.stage
     on_stage("front end")
-    bp = load_blueprint(req.blueprint, req.config)
+    config = req.config or converted_config(req.weights)   # `kbpc convert` output carries its model config
+    bp = load_blueprint(req.blueprint, config)
+    if req.weights is not None and is_hf_folder(req.weights):
+        if req.embed_weights:
+            raise KbpcError("a Hugging Face checkpoint folder is converted, not embedded: run kbpc convert "
+                            "first and embed its output", str(req.weights))
+        bp, _ = bind(bp, Path(req.weights), config)   # its config.json sets the model config
     on_stage("passes")
     plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
     on_stage("code generation")
     command = f"kbpc compile {req.blueprint.name} --target {req.options.target} --max-context {req.options.max_context}"
     sources = generate(plan, command)
+    fusion = _fusion_report(bp, req.options, plan, sources)
     if req.dump_dir is not None:
         for rel, text in sources.files.items():
             path = Path(req.dump_dir) / rel
@@ -76,10 +88,21 @@ def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> 
         build = build_library(sources.files, target, work, cache, jobs=req.jobs, events=events)
         on_stage("bundle")
         members = _members(req, bp.raw, plan, sources, build.library)
-        manifest = _manifest(req, plan, sources, build)
+        manifest = _manifest(req, plan, sources, build, fusion)
         final = write_bundle(req.output, manifest, members, req.signer)
     cache.trim()
-    return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output))
+    return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output),
+                         fusion=fusion)
+
+
+def _fusion_report(bp, options: Options, plan: Plan, sources: Sources) -> FusionReport:
+    """Launches with and without the fusion pass (the unfused plan is lowered, not rendered)."""
+    after = sum(len(g.launches) for g in sources.step.groups)
+    before = after
+    if options.fuse:
+        unfused = run_pipeline(bp, dataclasses.replace(options, fuse=False))
+        before = sum(len(g.launches) for g in build_step(unfused, "").groups)
+    return fusion_report(plan.fusions, before, after)
 
 
 def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:
@@ -116,15 +139,8 @@ def _checkpoint_files(source: Path) -> list[Path]:
     return files
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult) -> dict:
+def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,
+              fusion: FusionReport) -> dict:
     bp = plan.blueprint
     step = sources.step
     manifest = {
@@ -136,7 +152,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "step": {"arena_bytes": step.arena_bytes, "streams": step.streams, "events": step.events,
                  "launches": sum(len(g.launches) for g in step.groups), "groups": len(step.groups),
                  "kernel_instances": len(step.instances), "vocab": step.vocab,
-                 "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us},
+                 "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us,
+                 "fusion": fusion.to_json()},
         "state": [{"name": s.name, "bytes": s.nbytes, "shape": list(s.shape), "storage": s.storage}
                   for s in plan.state],
         "weights": [{"name": w.name, "storage": w.storage, "shape": list(w.shape), "bytes": w.nbytes,
@@ -146,26 +163,31 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
     }
     if req.weights is not None:
         files = _checkpoint_files(req.weights)
-        open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
-        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+        if not is_hf_folder(req.weights):   # (a checkpoint folder was checked by `bind`)
+            open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
+        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                   for f in files]
     return manifest
 
 
-def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str) -> tuple[Path, Keyring]:
+def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str,
+                    weights: str | None = None) -> tuple[Path, Keyring]:
     """`kbpc run BLUEPRINT.json` on a GPU: compile for that GPU's `target` into the run cache,
     signed with the local default key, and return the bundle and the keyring that trusts it. The
     bundle is reused while the blueprint, config, context, target, signing key and kbpc's own
-    sources (kernels, runtime stub, templates, code generation) are unchanged."""
+    sources (kernels, runtime stub, templates, code generation) are unchanged. A Hugging Face
+    checkpoint folder as `weights` sets the model config (its config.json is part of the key)."""
     key_path, _ = ensure_default_key()
     signer = Signer.load(key_path)
+    checkpoint = Path(weights) if weights and is_hf_folder(Path(weights)) else None
     digest = hashlib.sha256()
     for part in (Path(blueprint).read_bytes(), Path(config).read_bytes() if config else b"", str(context).encode(),
-                 target.encode(), " ".join(signer.key_ids).encode(), sources_digest().encode(), __version__.encode()):
+                 target.encode(), " ".join(signer.key_ids).encode(), sources_digest().encode(), __version__.encode(),
+                 (checkpoint / "config.json").read_bytes() if checkpoint else b""):
         digest.update(hashlib.sha256(part).digest())
     out = run_bundle_dir() / f"{Path(blueprint).stem[:64]}-{target}-{digest.hexdigest()[:16]}.kbp"
     if not out.exists():
         compile_bundle(CompileRequest(blueprint=Path(blueprint), output=out,
                                       options=Options(target=target, max_context=max(context, 16)),
-                                      signer=signer, config=config))
+                                      signer=signer, config=config, weights=checkpoint))
     return out, signer.keyring()

@@ -16,6 +16,33 @@
 
 namespace kbp {
 
+// Programmatic dependent launch (PDL). Every kernel of a step may be launched with the
+// programmatic-stream-serialization attribute, so it can start while the kernel before it on the
+// stream is still running. Contract for every kernel: call pdl_wait() before the first read of
+// anything an earlier kernel wrote and before the first global write (work that depends on
+// nothing earlier, such as prefetching weights into L2 or registers, goes before it); call
+// pdl_launch_dependents() once the rest of the kernel no longer needs the SMs to itself (or not at
+// all: dependents then launch as the kernel's CTAs exit). Both are no-ops when the kernel was
+// launched without the attribute, and compile to nothing before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Prefetch the 128-byte lines of [p, p + bytes) into L2, one line per thread-stride step
+// (weights a kernel will stream, issued before pdl_wait()).
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int tid, int nthreads) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t off = (size_t)tid * 128; off < bytes; off += (size_t)nthreads * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
 __device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ __nv_bfloat16 f32_to_bf16(float v) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }

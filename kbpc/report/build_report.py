@@ -32,6 +32,7 @@ def build_report(result: CompileResult, output: Path, signer_ids: list[str], sta
         "members": len(m["members"]),
         "launches": m["step"]["launches"],
         "kernel_instances": m["step"]["kernel_instances"],
+        "fusion": result.fusion.to_json(),
         "objects": {"total": len(build.units), "compiled": build.compiled, "cached": build.cached},
         "units": [{"name": u.name, "key": u.key, "cached": u.cached, "seconds": round(u.seconds, 3)}
                   for u in build.units],

@@ -41,11 +41,19 @@ def choose_backend(model: Path, backend: str) -> str:
 
 
 def open_backend(model: Path, backend: str, weights: str, context: int, trust: Keyring | None,
-                 config: Path | None):
+                 config: Path | None, act_quant: bool = True):
     """(StepBackend, vocab) for `backend` as choose_backend picked it. A bundle is verified against
-    `trust` (default: the default key's keyring) before anything in it is used."""
+    `trust` (default: the default key's keyring) before anything in it is used. `weights` may be a
+    Hugging Face checkpoint folder: a blueprint JSON then takes its model config from the folder's
+    config.json. act_quant=False: the reference backend's debugging variant without activation
+    quantization."""
     from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
+    from kbpc.weights.convert import converted_config
 
+    if not act_quant and backend != "reference":
+        raise KbpcError("--no-act-quant is a reference-backend debugging aid; add --backend reference",
+                        "--no-act-quant")
+    config = config or converted_config(weights)   # `kbpc convert` output carries its model config
     if is_bundle(model):
         from kbpc.runtime.bundle_model import load_bundle_model
 
@@ -59,6 +67,11 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
         if backend == "cuda":
             raise KbpcError("the GPU runs compiled bundles; compile the blueprint first", str(model))
         from kbpc.frontend.load import load_blueprint
+        from kbpc.weights.hf_checkpoint import bind, is_hf_folder
         bp = load_blueprint(model, config)
-    ref = ReferenceBackend(bp, load_weights(bp, weights), context)
+        if is_hf_folder(Path(weights)):
+            bp, checkpoint = bind(bp, Path(weights), config)
+            ref = ReferenceBackend(bp, checkpoint.weights(), context, act_quant)
+            return ref, ref.vocab
+    ref = ReferenceBackend(bp, load_weights(bp, weights), context, act_quant)
     return ref, ref.vocab
