@@ -262,7 +262,7 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     prompt = _parse_ids(prompt_ids)
     ctx = context or len(prompt) + max_new_tokens
     source = model
-    chosen = choose_backend(model, backend)
+    chosen = choose_backend(model, backend, act_quant=not no_act_quant)
     trust = trusted_keyring(trust_paths) if trust_paths else None
     if chosen == "cuda" and not is_bundle(model):   # compile for this GPU first (cached)
         from kbpc.compiler import compile_for_run

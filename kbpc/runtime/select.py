@@ -27,10 +27,13 @@ def gpu_present() -> bool:
         return False
 
 
-def choose_backend(model: Path, backend: str) -> str:
+def choose_backend(model: Path, backend: str, act_quant: bool = True) -> str:
     """'cuda' or 'reference' for `--backend` auto|cuda|reference and this model on this machine."""
     if not Path(model).exists():
         raise KbpcError("no such file", str(model))
+    if not act_quant and backend != "reference":
+        raise KbpcError("--no-act-quant is a reference-backend debugging aid; add --backend reference",
+                        "--no-act-quant")
     if backend != "auto":
         if backend == "cuda" and not is_bundle(model) and shutil.which("nvcc") is None:
             raise KbpcError("running a blueprint JSON on the GPU compiles it first, and nvcc is not on "
@@ -50,9 +53,6 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
     from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
     from kbpc.weights.convert import converted_config
 
-    if not act_quant and backend != "reference":
-        raise KbpcError("--no-act-quant is a reference-backend debugging aid; add --backend reference",
-                        "--no-act-quant")
     config = config or converted_config(weights)   # `kbpc convert` output carries its model config
     if is_bundle(model):
         from kbpc.runtime.bundle_model import load_bundle_model
