@@ -228,8 +228,10 @@ def _parse_ids(text: str) -> list[int]:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--prompt-ids", default="1", show_default=True, help="Comma-separated prompt token ids.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
-              help="synthetic:SEED (counter-based synthetic weights) or a safetensors file/folder.")
+@click.option("--weights", "weights_source", default=None,
+              help="synthetic:SEED (counter-based synthetic weights), a safetensors file/folder, a Hugging "
+                   "Face checkpoint folder, or 'embedded' (a full bundle's own). Default: a full bundle's "
+                   "own weights, else synthetic:0. A bundle that binds a checkpoint accepts only it.")
 @click.option("--backend", type=click.Choice(["auto", "reference", "cuda"]), default="auto",
               show_default=True, help="auto: the GPU when one is present (a blueprint JSON is first "
                                       "compiled for it into the user cache), else the CPU reference "
@@ -283,11 +285,12 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
                           on_logits=rows.append if logits_path else None)
     if logits_path is not None:
         _write_logits(logits_path, rows)
-    summary = {"schema": "kbpc-run/v1", "backend": chosen, "model": str(source), "weights": weights_source,
+    summary = {"schema": "kbpc-run/v1", "backend": chosen, "model": str(source),
+               "weights": weights_source or "default",
                **result.to_json()}
     if emit_report(summary, as_json, json_out):
         return
-    click.echo(f"backend: {chosen}   weights: {weights_source}")
+    click.echo(f"backend: {chosen}   weights: {weights_source or 'default'}")
     click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
     click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "

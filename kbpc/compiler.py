@@ -20,6 +20,7 @@ from kbpc.codegen.emit import Sources, build_step, generate
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
+from kbpc.ir.weights import weight_specs
 from kbpc.passes import run_pipeline
 from kbpc.report.fusion import FusionReport, fusion_report
 from kbpc.targets import get_target
@@ -28,7 +29,7 @@ from kbpc.toolchain.cache import ObjectCache, run_bundle_dir
 from kbpc.toolchain.library import BuildEvents, BuildResult, build_library
 from kbpc.toolchain.workdir import build_folder, sweep
 from kbpc.util.hashing import sha256_file
-from kbpc.weights.checkpoint import open_checkpoint
+from kbpc.weights.binding import check_covers, checkpoint_files
 from kbpc.weights.convert import converted_config
 from kbpc.weights.hf_checkpoint import bind, is_hf_folder
 
@@ -68,6 +69,8 @@ def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> 
             raise KbpcError("a Hugging Face checkpoint folder is converted, not embedded: run kbpc convert "
                             "first and embed its output", str(req.weights))
         bp, _ = bind(bp, Path(req.weights), config)   # its config.json sets the model config
+    elif req.weights is not None:   # before the build, not after it: headers only
+        check_covers(Path(req.weights), weight_specs(bp))
     on_stage("passes")
     plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
     on_stage("code generation")
@@ -116,7 +119,7 @@ def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: 
         if stub.is_file():
             members.append(Member(f"src/runtime_stub/{stub.name}", data=stub.read_bytes()))
     if req.weights is not None and req.embed_weights:
-        for path in _checkpoint_files(req.weights):
+        for path in checkpoint_files(req.weights):
             members.append(Member(f"weights/{path.name}", source=path))
     return members
 
@@ -129,14 +132,6 @@ def _includes(sources: Sources) -> set[str]:
             if line.startswith('#include "'):
                 found.add(line.split('"')[1])
     return {h for h in found if (KERNELS_DIR / h).exists()}
-
-
-def _checkpoint_files(source: Path) -> list[Path]:
-    source = Path(source)
-    files = sorted(source.glob("*.safetensors")) if source.is_dir() else [source]
-    if not files or not all(f.is_file() for f in files):
-        raise KbpcError("no safetensors checkpoint here", str(source))
-    return files
 
 
 def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,
@@ -162,9 +157,7 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "library": {"rank0": LIB_PATH},
     }
     if req.weights is not None:
-        files = _checkpoint_files(req.weights)
-        if not is_hf_folder(req.weights):   # (a checkpoint folder was checked by `bind`)
-            open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
+        files = checkpoint_files(req.weights)   # (checked before the build: check_covers or bind)
         manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                   for f in files]
     return manifest

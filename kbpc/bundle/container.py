@@ -262,6 +262,11 @@ class Bundle:
             raise BundleError(f"member {path!r} changed on disk after the bundle was verified",
                               str(self.path))
 
+    def iter_member(self, path: str) -> Iterator[bytes]:
+        """A member's bytes in chunks, checked against the manifest as they stream (the check of the
+        last chunk raises if anything differed); a large member is never held whole."""
+        return self._iter_checked(path)
+
     def read(self, path: str) -> bytes:
         return b"".join(self._iter_checked(path))
 

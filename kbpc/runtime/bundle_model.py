@@ -11,12 +11,14 @@ from kbpc.bundle.container import Bundle, open_bundle
 from kbpc.bundle.keys import Keyring, trusted_keyring
 from kbpc.frontend.load import blueprint_from_doc
 from kbpc.ir.graph import Blueprint
+from kbpc.runtime.run_manifest import RunManifest
 
 
 @dataclass
 class BundleModel:
     bundle: Bundle
     blueprint: Blueprint
+    run: RunManifest          # what the runner reads from the manifest, typed
 
     @property
     def manifest(self) -> dict:
@@ -25,6 +27,7 @@ class BundleModel:
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
     bundle = open_bundle(path, trust if trust is not None else trusted_keyring())
+    run = RunManifest.from_json(bundle.manifest)
     doc = json.loads(bundle.read("graph.json"))
     cfg = bundle.manifest.get("model_config") or {}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -34,4 +37,4 @@ def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
         bp = blueprint_from_doc(doc, f"{path}:graph.json", cfg_path)
     finally:
         cfg_path.unlink(missing_ok=True)
-    return BundleModel(bundle, bp)
+    return BundleModel(bundle, bp, run)

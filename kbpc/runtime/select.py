@@ -9,6 +9,8 @@ from pathlib import Path
 from kbpc.bundle.keys import Keyring, trusted_keyring
 from kbpc.errors import DeviceError, KbpcError
 
+SYNTHETIC_DEFAULT = "synthetic:0"
+
 
 def is_bundle(path: Path) -> bool:
     try:
@@ -62,16 +64,33 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
             from kbpc.runtime.cuda_backend import CudaBackend
             cb = CudaBackend(bm, weights, context)
             return cb, cb.vocab
-        bp = bm.blueprint
-    else:
-        if backend == "cuda":
-            raise KbpcError("the GPU runs compiled bundles; compile the blueprint first", str(model))
-        from kbpc.frontend.load import load_blueprint
-        from kbpc.weights.hf_checkpoint import bind, is_hf_folder
-        bp = load_blueprint(model, config)
-        if is_hf_folder(Path(weights)):
-            bp, checkpoint = bind(bp, Path(weights), config)
-            ref = ReferenceBackend(bp, checkpoint.weights(), context, act_quant)
-            return ref, ref.vocab
+        ref = ReferenceBackend(bm.blueprint, _bundle_host_weights(bm, weights), context, act_quant)
+        return ref, ref.vocab
+    if backend == "cuda":
+        raise KbpcError("the GPU runs compiled bundles; compile the blueprint first", str(model))
+    from kbpc.frontend.load import load_blueprint
+    from kbpc.weights.hf_checkpoint import bind, is_hf_folder
+
+    weights = weights or SYNTHETIC_DEFAULT
+    bp = load_blueprint(model, config)
+    if is_hf_folder(Path(weights)):
+        bp, checkpoint = bind(bp, Path(weights), config)
+        ref = ReferenceBackend(bp, checkpoint.weights(), context, act_quant)
+        return ref, ref.vocab
     ref = ReferenceBackend(bp, load_weights(bp, weights), context, act_quant)
     return ref, ref.vocab
+
+
+def _bundle_host_weights(bm, weights: str | None):
+    """A bundle's weights on the host, checked against the checkpoint it binds."""
+    from kbpc.ir.weights import weight_specs
+    from kbpc.runtime.bound_weights import check_hf_folder, host_weights, is_checkpoint_folder, resolve_source
+    from kbpc.runtime.reference_backend import load_weights
+
+    source = resolve_source(bm, weights)
+    if source.startswith("synthetic:"):
+        return load_weights(bm.blueprint, source)
+    if is_checkpoint_folder(source):
+        check_hf_folder(bm, Path(source))
+        return load_weights(bm.blueprint, source)
+    return host_weights(bm, source, weight_specs(bm.blueprint))

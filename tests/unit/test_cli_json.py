@@ -16,6 +16,8 @@ from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer, generate_keys
 from kbpc.cli import main
 from kbpc.errors import EXIT_CODES
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.weights import weight_specs
 from kbpc.runtime.select import gpu_present
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
@@ -122,7 +124,13 @@ def test_exit_codes(tmp_path, tiny_path, keys, bundle, monkeypatch):
     other = generate_keys(tmp_path / "other")
     assert cli("run", bundle, "--trust", other.public).exit_code == 3
     runnable = tmp_path / "tiny.kbp"
-    write_bundle(runnable, MANIFEST, [Member("graph.json", tiny_path.read_bytes())], Signer.load(keys.private))
+    specs = weight_specs(load_blueprint(tiny_path))
+    runnable_manifest = {**MANIFEST, "options": {"max_context": 64}, "library": {"rank0": "lib/rank0/libkbp.so"},
+                         "state": [], "step": {"launches": 1, "groups": 1},
+                         "weights": [{"name": w.name, "storage": w.storage, "shape": list(w.shape),
+                                      "bytes": w.nbytes} for w in specs]}
+    write_bundle(runnable, runnable_manifest, [Member("graph.json", tiny_path.read_bytes()),
+                                               Member("lib/rank0/libkbp.so", b"\x7fELF")], Signer.load(keys.private))
     if not gpu_present():   # no PyCUDA or no GPU: a device error
         device = cli("run", runnable, "--trust", keys.public, "--backend", "cuda")
         assert device.exit_code == 4, device.output
