@@ -319,10 +319,15 @@ def _write_logits(path: Path, rows: list) -> None:
 @json_options
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Copy bandwidth in GB/s for the floors (default: measured on this GPU at start).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the profiled step as a Chrome/Perfetto trace (JSON; one track per stream).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw each family's time against its floor into this PNG (needs kbpc[plot]).")
 @TRUST_OPTION
 @reports_errors
 def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: bool, json_out: Path | None,
-          bandwidth: float | None, trust_paths: tuple[Path, ...]) -> None:
+          bandwidth: float | None, trace_path: Path | None, plot_path: Path | None,
+          trust_paths: tuple[Path, ...]) -> None:
     """Measure a bundle on the GPU: tokens/s at batch 1 and time per kernel family against the
     bandwidth floor (bytes moved / the GPU's copy bandwidth, measured at start unless given)."""
     from rich.table import Table
@@ -332,9 +337,20 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: b
     from kbpc.runtime.bench import run_bench
     from kbpc.runtime.bundle_model import load_bundle_model
 
+    if plot_path is not None:
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:   # before minutes of measuring
+            raise KbpcError("--plot needs matplotlib: pip install 'kbpc[plot]'", "--plot")
     model = load_bundle_model(bundle, trusted_keyring(trust_paths))
-    r = run_bench(model, context, runs, weights=weights_source,
-                  bandwidth=bandwidth * 1e9 if bandwidth is not None else None)
+    r, measured, plan = run_bench(model, context, runs, weights=weights_source,
+                                  bandwidth=bandwidth * 1e9 if bandwidth is not None else None)
+    if trace_path is not None:
+        from kbpc.runtime.bench_report import chrome_trace
+        from kbpc.util.atomic import write_text_atomic
+        write_text_atomic(trace_path, json.dumps(chrome_trace(plan, measured, model.run.blueprint_id)) + "\n")
+    if plot_path is not None:
+        from kbpc.runtime.bench_report import plot_families
+        plot_families(r, plot_path)
     if emit_report(r, as_json, json_out):
         return
     click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}) at "
