@@ -294,18 +294,23 @@ def _ignore(_check: str) -> None:
     pass
 
 
-def open_bundle(path: Path, trust: Keyring, on_check: _Note | None = None) -> Bundle:
-    """Verify the bundle at `path` against `trust`, then return it; any failed check raises
-    BundleError naming the member, signature or key at fault. `on_check` hears each passed check."""
+def _opened(path: Path, check: Callable[[BinaryIO], _Verified]) -> tuple[BinaryIO, _Verified]:
+    """Open `path` and run `check` on it; the file is closed again if a check fails."""
     fh = _open_file(Path(path))
     try:
-        verified = _verify(fh, trust, on_check or _ignore)
+        return fh, check(fh)
     except BundleError as exc:
         fh.close()
         raise _with_path(exc, Path(path)) from None
     except BaseException:
         fh.close()
         raise
+
+
+def open_bundle(path: Path, trust: Keyring, on_check: _Note | None = None) -> Bundle:
+    """Verify the bundle at `path` against `trust`, then return it; any failed check raises
+    BundleError naming the member, signature or key at fault. `on_check` hears each passed check."""
+    fh, verified = _opened(path, lambda fh: _verify(fh, trust, on_check or _ignore))
     return Bundle(Path(path), fh, verified)
 
 
@@ -313,17 +318,13 @@ def open_untrusted(path: Path) -> Bundle:
     """Open a bundle whose signer is not trusted, for `kbpc inspect` to show: the container and
     every member are checked against the manifest, but the signatures cannot be, so nothing in it
     may be run. `signers` holds the key ids signature.json names (unverified)."""
-    fh = _open_file(Path(path))
-    try:
+    def check(fh: BinaryIO) -> _Verified:
         verified = _verify(fh, None, _ignore)
         raw = _read_small(fh, verified.entries[-1], 1 << 16)
         verified.signers = [sig.key_id for sig in parse_signatures(raw)]
-    except BundleError as exc:
-        fh.close()
-        raise _with_path(exc, Path(path)) from None
-    except BaseException:
-        fh.close()
-        raise
+        return verified
+
+    fh, verified = _opened(path, check)
     return Bundle(Path(path), fh, verified, trusted=False)
 
 
