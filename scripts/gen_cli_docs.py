@@ -22,7 +22,9 @@ Conventions every command shares: errors are one line on stderr and a distinct e
 
 
 def _walk(command: click.Command, path: list[str], parent: click.Context | None):
-    ctx = click.Context(command, info_name=path[-1], parent=parent, terminal_width=100, max_content_width=100)
+    # the group's context settings (help option names) as `kbpc` itself uses them
+    ctx = click.Context(command, info_name=path[-1], parent=parent, terminal_width=100, max_content_width=100,
+                        **main.context_settings)
     yield path, command.get_help(ctx)
     if isinstance(command, click.Group):
         for name in sorted(command.commands):
@@ -37,5 +39,9 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    OUT.write_text(render())
-    print(f"wrote {OUT}")
+    import sys
+    if sys.argv[1:] == ["--stdout"]:   # in a fresh process: click caches help options per command
+        sys.stdout.write(render())
+    else:
+        OUT.write_text(render())
+        print(f"wrote {OUT}")
