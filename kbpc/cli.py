@@ -1,19 +1,22 @@
 """The kbpc command line: a thin click group. Commands parse options, call into the package and
-print; errors of the project's own type become one line on stderr and exit code 2."""
+print; every failure becomes one line on stderr and a distinct exit code (kbpc/cli_options.py),
+and every report is also available as JSON (--json on stdout, --json-out FILE)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from kbpc import __version__
-from kbpc.bundle.commands import keygen, sign, verify
-from kbpc.cli_options import CONFIG_OPTION, TRUST_OPTION, reports_errors
+from kbpc.cli_bundle import keygen, sign, verify
+from kbpc.cli_cache import cache
+from kbpc.cli_options import (CONFIG_OPTION, EXIT_CODES_HELP, TRUST_OPTION, emit_report, json_options,
+                              reports_errors)
 from kbpc.errors import KbpcError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="kbpc")
 def main() -> None:
     """kbpc compiles kbp-graph blueprints (a planned LLM decode step) into signed .kbp GPU bundles.
@@ -28,7 +31,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("blueprint", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@json_options
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=4300.0,
               show_default=True, help="Memory bandwidth in GB/s for the bandwidth-floor estimate "
                                       "(4300 = measured H200 copy bandwidth).")
@@ -37,34 +40,29 @@ def main() -> None:
 @CONFIG_OPTION
 @TRUST_OPTION
 @reports_errors
-def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | None, config_path: Path | None,
-            trust_path: Path | None) -> None:
+def inspect(blueprint: Path, as_json: bool, json_out: Path | None, bandwidth: float, context: int | None,
+            config_path: Path | None, trust_paths: tuple[Path, ...]) -> None:
     """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
     weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
-    verified .kbp bundle holds (manifest, signer, target, plan digest, member sizes)."""
+    .kbp bundle holds (manifest, signer, target, plan digest, member sizes). A bundle by a signer
+    you do not trust is shown under an UNTRUSTED warning; nothing in a bundle is loaded."""
     from kbpc.frontend.load import load_blueprint
+    from kbpc.report.render import console
     from kbpc.runtime.select import is_bundle
 
     if is_bundle(blueprint):
-        from kbpc.bundle.container import open_bundle
-        from kbpc.bundle.keystore import trusted_keyring
-        from kbpc.report.inspect_bundle import render_bundle_summary, summarize_bundle
+        from kbpc.report.inspect_bundle import inspect_bundle, render_bundle_summary
 
-        with open_bundle(blueprint, trusted_keyring([trust_path] if trust_path else [])) as bundle:
-            summary = summarize_bundle(bundle)
-        if as_json:
-            click.echo(json.dumps(summary, indent=2))
-        else:
-            render_bundle_summary(summary, Console())
+        summary = inspect_bundle(blueprint, trust_paths)
+        if not emit_report(summary, as_json, json_out):
+            render_bundle_summary(summary, console())
         return
     from kbpc.report.inspect_blueprint import summarize
     from kbpc.report.render import render_blueprint_summary
 
     summary = summarize(load_blueprint(blueprint, config_path), bandwidth, context)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        render_blueprint_summary(summary, Console())
+    if not emit_report(summary, as_json, json_out):
+        render_blueprint_summary(summary, console())
 
 
 @main.command()
@@ -83,9 +81,11 @@ def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | Non
               help="A checkpoint's config.json: its sizes and layer sequence (seed layers of the same "
                    "kinds, in order); --set overrides its sizes.")
 @CONFIG_OPTION
+@json_options
 @reports_errors
 def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pattern: str | None,
-           preset: str | None, like_path: Path | None, config_path: Path | None) -> None:
+           preset: str | None, like_path: Path | None, config_path: Path | None, as_json: bool,
+           json_out: Path | None) -> None:
     """Write the same architecture at other sizes: a valid blueprint of the same schema with
     nodes, edges, groups, collapsed templates, dims and bytes rewritten consistently."""
     from kbpc.frontend.load import load_blueprint
@@ -112,8 +112,11 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
     values.update(parse_assignments(assignments))
     doc = shrink_blueprint(bp, values, layers if layers is not None else select_layers(bp, layer_pattern))
     write_text_atomic(output, json.dumps(doc, indent=1) + "\n")
-    click.echo(f"wrote {output}: {len(doc['layers'])} layers, {len(doc['nodes'])} nodes, "
-               f"{len(doc['edges'])} edges, {len(doc['groups'])} groups")
+    report = {"schema": "kbpc-shrink/v1", "output": str(output), "layers": len(doc["layers"]),
+              "nodes": len(doc["nodes"]), "edges": len(doc["edges"]), "groups": len(doc["groups"])}
+    if not emit_report(report, as_json, json_out):
+        click.echo(f"wrote {output}: {len(doc['layers'])} layers, {len(doc['nodes'])} nodes, "
+                   f"{len(doc['edges'])} edges, {len(doc['groups'])} groups")
 
 
 @main.command("convert")
@@ -174,24 +177,26 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write every pass's plan and the generated sources here.")
 @CONFIG_OPTION
+@json_options
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str, fuse: bool,
                 pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
-            verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None) -> None:
-    """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign)."""
+            verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
+            as_json: bool, json_out: Path | None) -> None:
+    """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign).
+    The build report (--json, --json-out) records the stages, the objects built or cached and the
+    toolchain."""
     import time
-
-    from rich.console import Console
-    from rich.progress import Progress
 
     from kbpc.bundle.keystore import may_create_default_key, signing_key
     from kbpc.compiler import CompileRequest, compile_bundle
     from kbpc.ir.plan import Options
+    from kbpc.report.build_report import build_report, summary_line
+    from kbpc.report.progress import CompileProgress
 
     if embed_weights and weights_path is None:
         raise KbpcError("--embed-weights needs --weights CHECKPOINT", "--embed-weights")
-    err = Console(stderr=True)
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
                                              arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl),
@@ -201,22 +206,13 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
                              dump_dir=dump_dir)
     t0 = time.perf_counter()
-    with Progress(console=err, transient=True) as progress:
-        stage = progress.add_task("front end", total=None)
-        objects = progress.add_task("nvcc", total=None, visible=False)
-
-        def on_object(name: str, cached: bool) -> None:
-            progress.update(objects, visible=True, advance=1, description=f"nvcc {name.rsplit('/', 1)[-1][:48]}")
-
-        result = compile_bundle(request, on_stage=lambda s: progress.update(stage, description=s),
-                                on_object=on_object)
-    m = result.manifest
-    for line in result.fusion.lines():
-        click.echo(line)
-    click.echo(f"wrote {output}: {m['kind']} bundle, target {m['target']}, plan {m['plan_digest'][:12]}, "
-               f"{m['step']['launches']} launches, {m['step']['kernel_instances']} kernel instances "
-               f"({result.build.compiled} compiled, {result.build.cached} cached) in "
-               f"{time.perf_counter() - t0:.1f} s")
+    with CompileProgress() as progress:
+        result = compile_bundle(request, progress)
+    report = build_report(result, output, list(result.key_ids), progress.stage_times(), time.perf_counter() - t0)
+    if not emit_report(report, as_json, json_out):
+        for line in result.fusion.lines():
+            click.echo(line)
+        click.echo(summary_line(report))
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -230,15 +226,17 @@ def _parse_ids(text: str) -> list[int]:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--prompt-ids", default="1", show_default=True, help="Comma-separated prompt token ids.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
-              help="synthetic:SEED (counter-based synthetic weights) or a safetensors file/folder.")
+@click.option("--weights", "weights_source", default=None,
+              help="synthetic:SEED (counter-based synthetic weights), a safetensors file/folder, a Hugging "
+                   "Face checkpoint folder, or 'embedded' (a full bundle's own). Default: a full bundle's "
+                   "own weights, else synthetic:0. A bundle that binds a checkpoint accepts only it.")
 @click.option("--backend", type=click.Choice(["auto", "reference", "cuda"]), default="auto",
               show_default=True, help="auto: the GPU when one is present (a blueprint JSON is first "
                                       "compiled for it into the user cache), else the CPU reference "
                                       "backend.")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Maximum context in tokens (default: prompt + new tokens).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_options
 @click.option("--logits", "logits_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every position's logits, prompt positions included, as a float32 "
                    "positions x vocab .npy file (written atomically).")
@@ -249,21 +247,33 @@ def _parse_ids(text: str) -> list[int]:
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
-        context: int | None, as_json: bool, logits_path: Path | None, no_act_quant: bool,
-        trust_path: Path | None, config_path: Path | None) -> None:
+        context: int | None, as_json: bool, json_out: Path | None, logits_path: Path | None,
+        no_act_quant: bool, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
     or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
     takes synthetic:SEED, a safetensors checkpoint in kbpc's names, or a Hugging Face checkpoint
     folder (ModelOpt NVFP4 export), whose config.json then sets the model config."""
     from rich.progress import Progress
 
+    from kbpc.bundle.keystore import trusted_keyring
     from kbpc.runtime.generate import check_prompt, generate
-    from kbpc.runtime.select import open_backend
+    from kbpc.runtime.select import choose_backend, is_bundle, open_backend
 
     prompt = _parse_ids(prompt_ids)
     ctx = context or len(prompt) + max_new_tokens
-    chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path,
-                                               act_quant=not no_act_quant)
+    source = model
+    chosen = choose_backend(model, backend, act_quant=not no_act_quant)
+    trust = trusted_keyring(trust_paths) if trust_paths else None
+    if chosen == "cuda" and not is_bundle(model):   # compile for this GPU first (cached)
+        from kbpc.compiler import compile_for_run
+        from kbpc.runtime.device import local_device
+
+        device = local_device()
+        if device.target is None:
+            raise KbpcError(f"kbpc cannot build for this GPU: {device.describe()}", "GPU")
+        model, trust = compile_for_run(model, config_path, ctx, device.target, weights_source)
+    step_backend, vocab = open_backend(model, chosen, weights_source, ctx, trust, config_path,
+                                       act_quant=not no_act_quant)
     check_prompt(prompt, vocab)
     steps = len(prompt) + max_new_tokens - 1
     rows: list = []
@@ -273,11 +283,12 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
                           on_logits=rows.append if logits_path else None)
     if logits_path is not None:
         _write_logits(logits_path, rows)
-    summary = {"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
+    summary = {"schema": "kbpc-run/v1", "backend": chosen, "model": str(source),
+               "weights": weights_source or "default",
+               **result.to_json()}
+    if emit_report(summary, as_json, json_out):
         return
-    click.echo(f"backend: {chosen}   weights: {weights_source}")
+    click.echo(f"backend: {chosen}   weights: {weights_source or 'default'}")
     click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
     click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
@@ -303,41 +314,62 @@ def _write_logits(path: Path, rows: list) -> None:
               help="Sequence position to measure at.")
 @click.option("--runs", type=click.IntRange(min=3), default=30, show_default=True)
 @click.option("--weights", "weights_source", default="synthetic:0", show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the results as JSON (e.g. bench/results/<name>.json).")
+@json_options
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Copy bandwidth in GB/s for the floors (default: measured on this GPU at start).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the profiled step as a Chrome/Perfetto trace (JSON; one track per stream).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw each family's time against its floor into this PNG (needs kbpc[plot]).")
 @TRUST_OPTION
 @reports_errors
-def bench(bundle: Path, context: int, runs: int, weights_source: str, json_path: Path | None,
-          trust_path: Path | None) -> None:
+def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: bool, json_out: Path | None,
+          bandwidth: float | None, trace_path: Path | None, plot_path: Path | None,
+          trust_paths: tuple[Path, ...]) -> None:
     """Measure a bundle on the GPU: tokens/s at batch 1 and time per kernel family against the
-    bandwidth floor (bytes read / 4.3 TB/s)."""
-    from rich.console import Console
+    bandwidth floor (bytes moved / the GPU's copy bandwidth, measured at start unless given)."""
     from rich.table import Table
 
-    from kbpc.bundle.keys import Keyring
+    from kbpc.bundle.keystore import trusted_keyring
+    from kbpc.report.render import console
     from kbpc.runtime.bench import run_bench
     from kbpc.runtime.bundle_model import load_bundle_model
-    from kbpc.util.atomic import write_text_atomic
 
-    model = load_bundle_model(bundle, Keyring.load(trust_path) if trust_path else None)
-    r = run_bench(model, context, runs, weights=weights_source)
-    if json_path:
-        write_text_atomic(json_path, json.dumps(r, indent=1) + "\n")
+    if plot_path is not None:
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:   # before minutes of measuring
+            raise KbpcError("--plot needs matplotlib: pip install 'kbpc[plot]'", "--plot")
+    model = load_bundle_model(bundle, trusted_keyring(trust_paths))
+    r, measured, plan = run_bench(model, context, runs, weights=weights_source,
+                                  bandwidth=bandwidth * 1e9 if bandwidth is not None else None)
+    if trace_path is not None:
+        from kbpc.runtime.bench_report import chrome_trace
+        from kbpc.util.atomic import write_text_atomic
+        write_text_atomic(trace_path, json.dumps(chrome_trace(plan, measured, model.run.blueprint_id)) + "\n")
+    if plot_path is not None:
+        from kbpc.runtime.bench_report import plot_families
+        plot_families(r, plot_path)
+    if emit_report(r, as_json, json_out):
+        return
     click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}) at "
                f"context {r['context']}; floor {r['floor_ms']:.3f} ms ({r['bytes_per_token'] / 1e9:.2f} GB/token "
-               f"at 4.3 TB/s) = {100 * r['roofline_fraction']:.1f}% of roofline; {r['launches_per_step']} launches")
+               f"at {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s) = {100 * r['roofline_fraction']:.1f}% of "
+               f"roofline; {r['launches_per_step']} launches")
+    click.echo(f"device: {r['device']}; copy bandwidth {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s "
+               f"({r['bandwidth']['source']})")
     table = Table(title=f"profiled step (serialized): {r['profiled_step_ms']:.3f} ms")
     for col in ("family", "groups", "us", "floor us", "% of floor"):
         table.add_column(col, justify="left" if col == "family" else "right")
     for name, f in r["families"].items():
         frac = f"{100 * f['fraction']:.1f}" if f["fraction"] else "-"
         table.add_row(name, str(f["groups"]), f"{f['us']:.1f}", f"{f['floor_us']:.1f}", frac)
-    Console().print(table)
+    console().print(table)
 
 
 main.add_command(keygen)
 main.add_command(sign)
 main.add_command(verify)
+main.add_command(cache)
 
 if __name__ == "__main__":
     main()

@@ -8,28 +8,34 @@ specs, the expected checkpoint (lite) and the toolchain."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 import shlex
-import tempfile
+from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kbpc import __version__
-from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
-from kbpc.toolchain.library import BuildResult, build_library, default_cache_dir
 from kbpc.bundle.container import Member, write_bundle
-from kbpc.bundle.keys import Signer
+from kbpc.bundle.keys import Keyring, Signer
+from kbpc.bundle.keystore import signing_key
 from kbpc.bundle.manifest import canonical_json
 from kbpc.codegen.emit import Sources, build_step, generate
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
+from kbpc.ir.weights import weight_specs
 from kbpc.passes import run_pipeline
 from kbpc.report.fusion import FusionReport, fusion_report
 from kbpc.targets import get_target
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR, sources_digest
+from kbpc.toolchain.cache import ObjectCache, default_object_dir, run_bundle_dir
+from kbpc.toolchain.library import BuildEvents, BuildResult, build_library
+from kbpc.toolchain.workdir import build_folder, sweep
 from kbpc.util.atomic import check_writable_dir
 from kbpc.util.hashing import sha256_file
-from kbpc.weights.checkpoint import open_checkpoint
+from kbpc.util.jsonload import read_regular_file
+from kbpc.weights.binding import check_covers, checkpoint_files
 from kbpc.weights.convert import converted_config
 from kbpc.weights.hf_checkpoint import bind, is_hf_folder
 
@@ -57,11 +63,13 @@ class CompileResult:
     plan: Plan
     build: BuildResult
     fusion: FusionReport
+    key_ids: tuple[str, ...]
 
 
-def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
-                   on_object: Callable[[str, bool], None] | None = None) -> CompileResult:
+def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> CompileResult:
+    on_stage = events.stage
     _check_folders(req)
+    cache = ObjectCache(req.cache_dir)
     on_stage("front end")
     config = req.config or converted_config(req.weights)   # `kbpc convert` output carries its model config
     bp = load_blueprint(req.blueprint, config)
@@ -70,6 +78,8 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
             raise KbpcError("a Hugging Face checkpoint folder is converted, not embedded: run kbpc convert "
                             "first and embed its output", str(req.weights))
         bp, _ = bind(bp, Path(req.weights), config)   # its config.json sets the model config
+    elif req.weights is not None:   # before the build, not after it: headers only
+        check_covers(Path(req.weights), weight_specs(bp))
     on_stage("passes")
     plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
     signer = req.signer if isinstance(req.signer, Signer) else req.signer()
@@ -85,16 +95,26 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
             path.write_text(text)
     on_stage("nvcc")
     target = get_target(req.options.target)
-    with tempfile.TemporaryDirectory(prefix="kbpc-build-") as tmp:
-        lib = Path(tmp) / "libkbp.so"
-        build = build_library(sources.files, target, lib, cache_dir=req.cache_dir, jobs=req.jobs,
-                              on_object=on_object)
+    sweep(cache.temp)      # what compiles killed earlier left behind
+    sweep(cache.objects)
+    with build_folder(cache.temp) as work:
+        build = build_library(sources.files, target, work, cache, jobs=req.jobs, events=events)
         on_stage("bundle")
-        members = _members(req, bp.raw, plan, sources, lib)
+        members = _members(req, bp.raw, plan, sources, build.library)
         manifest = _manifest(req, plan, sources, build, fusion)
         final = write_bundle(req.output, manifest, members, signer)
+    cache.trim()
     return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output),
-                         fusion=fusion)
+                         fusion=fusion, key_ids=tuple(signer.key_ids))
+
+
+def _check_folders(req: CompileRequest) -> None:
+    """Every folder the compile writes to, checked before any work: a read-only output folder
+    fails now, not after the whole build."""
+    check_writable_dir(Path(req.output).parent, "output folder")
+    check_writable_dir(Path(req.cache_dir) if req.cache_dir else default_object_dir(), "cache folder")
+    if req.dump_dir is not None:
+        check_writable_dir(Path(req.dump_dir), "--dump-dir folder")
 
 
 def _fusion_report(bp, options: Options, plan: Plan, sources: Sources) -> FusionReport:
@@ -105,15 +125,6 @@ def _fusion_report(bp, options: Options, plan: Plan, sources: Sources) -> Fusion
         unfused = run_pipeline(bp, dataclasses.replace(options, fuse=False))
         before = sum(len(g.launches) for g in build_step(unfused, "").groups)
     return fusion_report(plan.fusions, before, after)
-
-
-def _check_folders(req: CompileRequest) -> None:
-    """Every folder the compile writes to, checked before any work: a read-only output folder
-    fails now, not after the whole build."""
-    check_writable_dir(Path(req.output).parent, "output folder")
-    check_writable_dir(Path(req.cache_dir or default_cache_dir()), "cache folder")
-    if req.dump_dir is not None:
-        check_writable_dir(Path(req.dump_dir), "--dump-dir folder")
 
 
 def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:
@@ -127,7 +138,7 @@ def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: 
         if stub.is_file():
             members.append(Member(f"src/runtime_stub/{stub.name}", data=stub.read_bytes()))
     if req.weights is not None and req.embed_weights:
-        for path in _checkpoint_files(req.weights):
+        for path in checkpoint_files(req.weights):
             members.append(Member(f"weights/{path.name}", source=path))
     return members
 
@@ -140,14 +151,6 @@ def _includes(sources: Sources) -> set[str]:
             if line.startswith('#include "'):
                 found.add(line.split('"')[1])
     return {h for h in found if (KERNELS_DIR / h).exists()}
-
-
-def _checkpoint_files(source: Path) -> list[Path]:
-    source = Path(source)
-    files = sorted(source.glob("*.safetensors")) if source.is_dir() else [source]
-    if not files or not all(f.is_file() for f in files):
-        raise KbpcError("no safetensors checkpoint here", str(source))
-    return files
 
 
 def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,
@@ -173,9 +176,46 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "library": {"rank0": LIB_PATH},
     }
     if req.weights is not None:
-        files = _checkpoint_files(req.weights)
-        if not is_hf_folder(req.weights):   # (a checkpoint folder was checked by `bind`)
-            open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
+        files = checkpoint_files(req.weights)   # (checked before the build: check_covers or bind)
         manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                   for f in files]
     return manifest
+
+
+def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str,
+                    weights: str | None = None) -> tuple[Path, Keyring]:
+    """`kbpc run BLUEPRINT.json` on a GPU: compile for that GPU's `target` into the run cache,
+    signed with the local default key, and return the bundle and the keyring that trusts it. The
+    bundle is reused while the blueprint, config, context, target, signing key and kbpc's own
+    sources (kernels, runtime stub, templates, code generation) are unchanged. A Hugging Face
+    checkpoint folder as `weights` sets the model config (its config.json is part of the key)."""
+    from kbpc.errors import BlueprintError, ConfigError
+    from kbpc.frontend.load import MAX_BLUEPRINT_BYTES
+    from kbpc.ir.config import MAX_CONFIG_BYTES
+
+    load_blueprint(blueprint, config)          # refuse bad input before a key is ever created
+    signer = signing_key(None, True, _warn)
+    signer = signer if isinstance(signer, Signer) else signer()
+    checkpoint = Path(weights) if weights and is_hf_folder(Path(weights)) else None
+    digest = hashlib.sha256()
+    for part in (read_regular_file(blueprint, MAX_BLUEPRINT_BYTES, BlueprintError, "blueprint file"),
+                 read_regular_file(config, MAX_CONFIG_BYTES, ConfigError, "config file") if config else b"",
+                 str(context).encode(), target.encode(), " ".join(signer.key_ids).encode(),
+                 sources_digest().encode(), __version__.encode(),
+                 read_regular_file(checkpoint / "config.json", MAX_CONFIG_BYTES, ConfigError, "config file")
+                 if checkpoint else b""):
+        digest.update(hashlib.sha256(part).digest())
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(blueprint).stem)[:64]
+    out = run_bundle_dir() / f"{stem}-{target}-{digest.hexdigest()[:16]}.kbp"
+    if not out.exists():
+        compile_bundle(CompileRequest(blueprint=Path(blueprint), output=out,
+                                      options=Options(target=target, max_context=max(context, 16)),
+                                      signer=signer, config=config, weights=checkpoint))
+    return out, signer.keyring()
+
+
+def _warn(note: str) -> None:
+    import warnings
+
+    from kbpc.errors import KbpcWarning
+    warnings.warn(KbpcWarning(note), stacklevel=3)

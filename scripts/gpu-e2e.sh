@@ -27,7 +27,7 @@ fi
 for t in out/tiny*.kbp; do
     [ "$t" = out/tiny-debug.kbp ] && continue
     name=$(basename "$t" .kbp)
-    step $KBPC verify "$t" $TRUST --numerics --positions 64 -q --json "$OUTDIR/numerics-$name.json" 2>&1 | tail -3 | tee "$OUTDIR/numerics-$name.log"
+    step $KBPC verify "$t" $TRUST --numerics --positions 64 -q --json-out "$OUTDIR/numerics-$name.json" 2>&1 | tail -3 | tee "$OUTDIR/numerics-$name.log"
 done
 for b in out/seed-*.kbp; do
     [ -f "$b" ] || continue
@@ -35,7 +35,7 @@ for b in out/seed-*.kbp; do
     contexts=1024
     [ "$name" = seed-e128 ] && contexts="${BENCH_CONTEXTS:-1024 16384}"
     for ctx in $contexts; do
-        step $KBPC bench "$b" $TRUST --context "$ctx" --runs 20 --json "$OUTDIR/bench-$name-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$name-$ctx.log" | head -3
+        step $KBPC bench "$b" $TRUST --context "$ctx" --runs 20 --json-out "$OUTDIR/bench-$name-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$name-$ctx.log" | head -3
     done
 done
 if [ -n "${GPU_TESTS-tests/gpu}" ]; then

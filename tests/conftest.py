@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from typing import Callable
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,19 @@ def tiny_path() -> Path:
 def build_cache(tmp_path_factory) -> Path:
     """One nvcc object cache for the whole session, so each kernel instance is built once."""
     return tmp_path_factory.mktemp("build-cache")
+
+
+_NOT_SOURCES = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                      ".hypothesis", "*.kbp", "bench")
+
+
+@pytest.fixture(scope="session")
+def copy_repo() -> Callable[[Path], Path]:
+    """Copy the repository's sources (no VCS data, caches or build outputs) to a new folder."""
+    def copy(dest: Path) -> Path:
+        shutil.copytree(REPO, dest, ignore=_NOT_SOURCES)
+        return dest
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -140,15 +140,19 @@ def _check_names(entries: list[zipfmt.Entry]) -> None:
         raise BundleError("zip entries are not sorted by path, or a path occurs twice")
 
 
+class UntrustedError(BundleError):
+    """The bundle is signed by a key the keyring does not hold (or the keyring is empty)."""
+
+
 def _check_signatures(raw_manifest: bytes, raw_signatures: bytes, trust: Keyring, note: _Note) -> list[str]:
     if len(trust) == 0:
-        raise BundleError("no trusted keys: the keyring is empty")
+        raise UntrustedError("no trusted keys: the keyring is empty")
     signers = []
     for sig in parse_signatures(raw_signatures):
         key = trust.get(sig.key_id)
         if key is None:
-            raise BundleError(f"the {sig.alg} signature is by key {sig.key_id}, which is not in the "
-                              f"trusted keyring ({trust.describe()})")
+            raise UntrustedError(f"the {sig.alg} signature is by key {sig.key_id}, which is not in the "
+                                 f"trusted keyring ({trust.describe()})")
         if key.alg != sig.alg:
             raise BundleError(f"the {sig.alg} signature names key {sig.key_id}, a {key.alg} key")
         if not key.verify(sig.sig, raw_manifest):
@@ -229,15 +233,16 @@ def _open_file(path: Path) -> BinaryIO:
 
 
 def _with_path(exc: BundleError, path: Path) -> BundleError:
-    return exc if exc.where else BundleError(exc.message, str(path))
+    return exc if exc.where else type(exc)(exc.message, str(path))
 
 
 class Bundle:
     """A verified bundle. Reads go through the file handle that was verified, and each read checks
     the member's SHA-256 again, so replacing or editing the file afterwards is caught."""
 
-    def __init__(self, path: Path, fh: BinaryIO, verified: _Verified):
+    def __init__(self, path: Path, fh: BinaryIO, verified: _Verified, trusted: bool = True):
         self.path = Path(path)
+        self.trusted = trusted   # False: opened by open_untrusted, signatures not checked
         self._fh = fh
         self.size = os.fstat(fh.fileno()).st_size
         self._entries = {e.name: e for e in verified.entries}
@@ -266,6 +271,11 @@ class Bundle:
         if digest.hexdigest() != record["sha256"]:
             raise BundleError(f"member {path!r} changed on disk after the bundle was verified",
                               str(self.path))
+
+    def iter_member(self, path: str) -> Iterator[bytes]:
+        """A member's bytes in chunks, checked against the manifest as they stream (the check of the
+        last chunk raises if anything differed); a large member is never held whole."""
+        return self._iter_checked(path)
 
     def read(self, path: str) -> bytes:
         return b"".join(self._iter_checked(path))
@@ -298,19 +308,38 @@ def _ignore(_check: str) -> None:
     pass
 
 
-def open_bundle(path: Path, trust: Keyring, on_check: _Note | None = None) -> Bundle:
-    """Verify the bundle at `path` against `trust`, then return it; any failed check raises
-    BundleError naming the member, signature or key at fault. `on_check` hears each passed check."""
+def _opened(path: Path, check: Callable[[BinaryIO], _Verified]) -> tuple[BinaryIO, _Verified]:
+    """Open `path` and run `check` on it; the file is closed again if a check fails."""
     fh = _open_file(Path(path))
     try:
-        verified = _verify(fh, trust, on_check or _ignore)
+        return fh, check(fh)
     except BundleError as exc:
         fh.close()
         raise _with_path(exc, Path(path)) from None
     except BaseException:
         fh.close()
         raise
+
+
+def open_bundle(path: Path, trust: Keyring, on_check: _Note | None = None) -> Bundle:
+    """Verify the bundle at `path` against `trust`, then return it; any failed check raises
+    BundleError naming the member, signature or key at fault. `on_check` hears each passed check."""
+    fh, verified = _opened(path, lambda fh: _verify(fh, trust, on_check or _ignore))
     return Bundle(Path(path), fh, verified)
+
+
+def open_untrusted(path: Path) -> Bundle:
+    """Open a bundle whose signer is not trusted, for `kbpc inspect` to show: the container and
+    every member are checked against the manifest, but the signatures cannot be, so nothing in it
+    may be run. `signers` holds the key ids signature.json names (unverified)."""
+    def check(fh: BinaryIO) -> _Verified:
+        verified = _verify(fh, None, _ignore)
+        raw = _read_small(fh, verified.entries[-1], 1 << 16)
+        verified.signers = [sig.key_id for sig in parse_signatures(raw)]
+        return verified
+
+    fh, verified = _opened(path, check)
+    return Bundle(Path(path), fh, verified, trusted=False)
 
 
 def verify_bundle(path: Path, trust: Keyring, on_check: _Note | None = None) -> VerifyReport:

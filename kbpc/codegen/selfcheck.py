@@ -10,7 +10,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.emit import _env
 from kbpc.codegen.families import lower_group
@@ -19,6 +18,7 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
+from kbpc.toolchain.nvcc import compile_cuda
 
 CALLER = """#include <cuda_runtime.h>
 #include <stdint.h>

@@ -7,6 +7,8 @@ from typing import Any
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.weights import weight_specs
 
+SCHEMA = "kbpc-inspect-blueprint/v1"
+
 # Measured device-to-device copy bandwidth of one H200 (read + write), DESIGN.md.
 DEFAULT_BANDWIDTH_GBS = 4300.0
 
@@ -76,7 +78,8 @@ def summarize(bp: Blueprint, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS,
                  "roofline_tokens_per_s_at_context": bandwidth_gbs * 1e9 / step}
     return {
         **extra,
-        "schema": bp.meta.schema,
+        "schema": SCHEMA,
+        "blueprint_schema": bp.meta.schema,
         "blueprint_id": bp.meta.blueprint_id,
         "source": bp.meta.source,
         "arm": bp.meta.arm,

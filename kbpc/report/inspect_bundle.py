@@ -1,19 +1,27 @@
-"""`kbpc inspect BUNDLE.kbp`: what a verified bundle holds (manifest fields, signers, members)."""
+"""`kbpc inspect BUNDLE.kbp`: what a bundle holds (manifest fields, signers, members). A bundle by
+an untrusted signer is shown too (its container and members checked, its signatures not), under a
+warning that says so; nothing in a bundle is ever loaded to inspect it."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from kbpc.bundle.container import Bundle
+from kbpc.bundle.container import Bundle, UntrustedError, open_bundle, open_untrusted
+from kbpc.bundle.keyfile import KeyFileError
+from kbpc.bundle.keystore import trusted_keyring
 from kbpc.report.render import cell, human_bytes, kv_table
 
 _MEMBER_ROWS = 60  # longer member lists are cut, with the directory totals still complete
 
 
-def summarize_bundle(bundle: Bundle) -> dict[str, Any]:
+SCHEMA = "kbpc-inspect-bundle/v1"
+
+
+def summarize_bundle(bundle: Bundle, untrusted_reason: str | None = None) -> dict[str, Any]:
     """Manifest fields the compiler records (None where a bundle lacks one), the signers, and the
     members with their sizes, totals per top-level directory and overall."""
     m = bundle.manifest
@@ -24,8 +32,11 @@ def summarize_bundle(bundle: Bundle) -> dict[str, Any]:
         by_dir[top]["files"] += 1
         by_dir[top]["bytes"] += r["size"]
     return {
+        "schema": SCHEMA,
         "path": str(bundle.path),
-        "schema": m["schema"],
+        "trusted": bundle.trusted,
+        "untrusted_reason": None if bundle.trusted else untrusted_reason,
+        "bundle_schema": m["schema"],
         "kind": m.get("kind"),
         "blueprint_id": m.get("blueprint_id"),
         "lineage": m.get("lineage"),
@@ -55,16 +66,23 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+UNTRUSTED_WARNING = ("UNTRUSTED: the signer is not in your trusted keyring, so the signatures were not "
+                     "checked and this bundle may come from anyone; its members match its manifest. "
+                     "Nothing in it was loaded. Trust its signer (--trust KEYRING) only if you know them.")
+
+
 def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
+    if not s["trusted"]:
+        console.print(f"[bold red]{UNTRUSTED_WARNING}[/]\n  ({s['untrusted_reason']})", highlight=False)
     overview = [
-        ("bundle", s["path"]), ("schema", s["schema"]), ("kind", _text(s["kind"])),
+        ("bundle", s["path"]), ("schema", s["bundle_schema"]), ("kind", _text(s["kind"])),
         ("blueprint", _text(s["blueprint_id"])),
         ("lineage / revision", f"{_text(s['lineage'])} / {_text(s['revision'])}"),
         ("plan digest", _text(s["plan_digest"])), ("target", _text(s["target"])),
         ("numerics", _text(s["numerics"])),
         ("tensor parallel", _text(s["tp_size"])), ("step", _text(s["step"])),
         ("toolchain", _text(s["toolchain"])),
-        ("signed by", ", ".join(s["signers"])),
+        ("signed by", ", ".join(s["signers"]) + ("" if s["trusted"] else "  (UNTRUSTED, not verified)")),
         ("members", f"{s['member_count']:,} files, {human_bytes(s['total_member_bytes'])} "
                     f"(file {human_bytes(s['file_bytes'])})"),
     ]
@@ -84,3 +102,22 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
     if len(s["members"]) > _MEMBER_ROWS:
         table.add_row(f"… {len(s['members']) - _MEMBER_ROWS} more", "", "")
     console.print(table)
+
+
+def inspect_bundle(path: Path, trust_paths: Sequence[Path]) -> dict[str, Any]:
+    """The summary of the bundle at `path`: verified against the keyrings at `trust_paths` (default:
+    the default key's), or, when its signer is not trusted, opened without its signatures."""
+    try:
+        trust = trusted_keyring(trust_paths)
+    except KeyFileError as exc:
+        if trust_paths:        # a keyring the user named is unusable: that is their error
+            raise
+        trust, reason = None, exc.message
+    if trust is not None:
+        try:
+            with open_bundle(path, trust) as bundle:
+                return summarize_bundle(bundle)
+        except UntrustedError as exc:
+            reason = exc.message
+    with open_untrusted(path) as bundle:
+        return summarize_bundle(bundle, reason)

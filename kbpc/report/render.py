@@ -36,7 +36,7 @@ def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
 
 def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
     overview = [
-        ("schema", s["schema"]), ("blueprint", s["blueprint_id"]), ("source", s["source"]),
+        ("schema", s["blueprint_schema"]), ("blueprint", s["blueprint_id"]), ("source", s["source"]),
         ("arm", f"{s['arm'].get('mode')} rows={s['arm'].get('rows')}"),
         ("layers", f"{s['layers']}  (" + ", ".join(f"{k}: {v}" for k, v in s["layers_by_template"].items()) + ")"),
         ("nodes / edges", f"{s['nodes']:,} / {s['edges']:,}"),
@@ -70,3 +70,10 @@ def render_blueprint_summary(s: dict[str, Any], console: Console) -> None:
         ops.add_row(cell(name), str(count))
     console.print(ops)
     console.print(kv_table("Symbols", [(k, f"{v:,}") for k, v in s["symbols"].items()]))
+
+
+def console(stderr: bool = False) -> Console:
+    """A Console for reports: sized by the terminal in one; without a terminal (CI logs, pipes)
+    wide enough that no table is cut at 80 columns (tables only take the width they need)."""
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=1000)

@@ -13,12 +13,14 @@ from kbpc.bundle.keystore import trusted_keyring
 from kbpc.errors import BundleError
 from kbpc.frontend.load import blueprint_from_doc
 from kbpc.ir.graph import Blueprint
+from kbpc.runtime.run_manifest import RunManifest
 
 
 @dataclass
 class BundleModel:
     bundle: Bundle
     blueprint: Blueprint
+    run: RunManifest          # what the runner reads from the manifest, typed
 
     @property
     def manifest(self) -> dict:
@@ -28,7 +30,7 @@ class BundleModel:
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
     bundle = open_bundle(path, trust if trust is not None else trusted_keyring())
     try:
-        return BundleModel(bundle, _blueprint(bundle, path))
+        return BundleModel(bundle, _blueprint(bundle, path), RunManifest.from_json(bundle.manifest))
     except BaseException:
         bundle.close()
         raise

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kbpc.compiler import LIB_PATH
-from kbpc.errors import DeviceError, WeightsError
+from kbpc.errors import BundleError, DeviceError, WeightsError
 from kbpc.ir.weights import weight_specs
 from kbpc.reference.argmax_host import argmax_host
 from kbpc.reference.formats import bf16_from_bits
+from kbpc.runtime.bound_weights import check_hf_folder, resolve_source, stream_weights
 from kbpc.runtime.bundle_model import BundleModel
-from kbpc.weights.checkpoint import load_checkpoint
+from kbpc.runtime.device import check_bundle_target, local_device
 from kbpc.weights.hf_checkpoint import check_config, is_hf_folder
 from kbpc.weights.synthetic import (BLOCK_SCALE_CODES, FP8_WEIGHT_CODES, parse_seed, rule_for,
                                     tensor_key)
@@ -67,30 +67,34 @@ def _load_library(path: Path) -> ctypes.CDLL:
 class CudaBackend:
     """One sequence on one GPU. `step(token)` -> (logits float32, greedy token)."""
 
-    def __init__(self, model: BundleModel, weights_source: str, max_context: int | None = None,
+    def __init__(self, model: BundleModel, weights_source: str | None, max_context: int | None = None,
                  use_graph: bool = True):
+        """`weights_source`: see kbpc/runtime/bound_weights.py (None: the bundle's own, or synthetic:0)."""
         self.cuda = cuda = cuda_driver()
         self.model = model
-        manifest = model.manifest
-        self.max_context = manifest["options"]["max_context"]
+        run = model.run
+        self.max_context = run.max_context
         if max_context is not None and max_context > self.max_context:
             raise DeviceError(f"context {max_context} exceeds the bundle's --max-context {self.max_context}")
+        check_bundle_target(run.target, local_device(cuda))   # before loading its code
+        self.specs = weight_specs(model.blueprint)   # (the synthetic generator's rules need the specs)
+        if [(s.name, s.nbytes) for s in self.specs] != [(w.name, w.nbytes) for w in run.weights]:
+            raise BundleError("the manifest's weights and its blueprint's disagree", str(model.bundle.path))
         self._tmp = tempfile.TemporaryDirectory(prefix="kbpc-run-")
-        self.lib = _load_library(model.bundle.extract(LIB_PATH, Path(self._tmp.name)))
+        self.lib = _load_library(model.bundle.extract(run.library(0), Path(self._tmp.name)))
         info = self.lib.kbp_info().contents
         self.info = info
         self.vocab = info.vocab
-        self.specs = weight_specs(model.blueprint)
         sizes = [self.lib.kbp_weight_sizes()[i] for i in range(info.weights)]
-        if [s.nbytes for s in self.specs] != sizes:
-            raise DeviceError("the bundle's library and its blueprint disagree on weight sizes")
+        if [w.nbytes for w in run.weights] != sizes:
+            raise DeviceError("the bundle's library and its manifest disagree on weight sizes")
         state_sizes = [self.lib.kbp_state_sizes()[i] for i in range(info.state)]
         self._check_memory(sum(sizes) + sum(state_sizes) + info.arena_bytes)
         self.arena = cuda.mem_alloc(max(1, info.arena_bytes))
         cuda.memset_d8(self.arena, 0, max(1, info.arena_bytes))
         self.weights = [cuda.mem_alloc(max(1, n)) for n in sizes]
         self.state = [cuda.mem_alloc(max(1, n)) for n in state_sizes]
-        self._load_weights(weights_source)
+        self._load_weights(resolve_source(model, weights_source))
         self.reset()
         wptrs = (ctypes.c_void_p * max(1, len(self.weights)))(*[int(w) for w in self.weights])
         sptrs = (ctypes.c_void_p * max(1, len(self.state)))(*[int(s) for s in self.state])
@@ -121,24 +125,26 @@ class CudaBackend:
                 if err:
                     raise DeviceError(f"generating {spec.name} on the GPU failed (CUDA error {err})")
             return
-        path = Path(source)
-        if not path.exists():
+        dst_of = {spec.name: int(dst) for spec, dst in zip(self.specs, self.weights)}
+        if source != "embedded" and not Path(source).exists():
             raise WeightsError("no such checkpoint file or folder (or use synthetic:SEED)", source)
-        if is_hf_folder(path):   # converted node by node, each tensor copied as it comes
-            dst_of = {spec.name: dst for spec, dst in zip(self.specs, self.weights)}
-            for spec, arr in check_config(bp, path).convert():
+        if source != "embedded" and is_hf_folder(Path(source)):   # converted node by node
+            check_hf_folder(self.model, Path(source))
+            for spec, arr in check_config(bp, Path(source)).convert():
                 self.cuda.memcpy_htod(dst_of[spec.name], arr)
             return
-        tensors = load_checkpoint(path, self.specs)
-        for spec, dst in zip(self.specs, self.weights):
-            self.cuda.memcpy_htod(dst, np.ascontiguousarray(tensors[spec.name]))
+
+        def to_gpu(spec, offset: int, view: memoryview) -> None:   # each byte copied as it is read
+            self.cuda.memcpy_htod(dst_of[spec.name] + offset, np.frombuffer(view, np.uint8))
+
+        stream_weights(self.model, source, self.specs, to_gpu)
 
     def reset(self) -> None:
         """A new sequence: zero the state and caches, identity block tables."""
-        for spec, buf in zip(self.model.manifest["state"], self.state):
-            self.cuda.memset_d8(buf, 0, max(1, spec["bytes"]))
-            if spec["name"].endswith(".block_table"):
-                self.cuda.memcpy_htod(buf, np.arange(spec["shape"][0], dtype=np.int32))
+        for spec, buf in zip(self.model.run.state, self.state):
+            self.cuda.memset_d8(buf, 0, max(1, spec.nbytes))
+            if spec.name.endswith(".block_table"):
+                self.cuda.memcpy_htod(buf, np.arange(spec.shape[0], dtype=np.int32))
         self.position = 0
 
     def step(self, token: int) -> tuple[np.ndarray, int]:

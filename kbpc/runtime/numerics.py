@@ -54,7 +54,7 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
     bp = model.blueprint
     ref = ReferenceBackend(bp, load_weights(bp, weights, positions), positions)
     gpu = CudaBackend(model, weights, positions)
-    mode = (model.manifest.get("options") or {}).get("numerics", "exact")
+    mode = model.run.numerics
     if mode not in LIMITS:
         raise KbpcError(f"the manifest names numerics mode {mode!r}; known: {', '.join(LIMITS)}")
     report = NumericsReport(positions, mode)

@@ -14,19 +14,21 @@ class Target:
     gencode: tuple[str, ...]  # nvcc code-generation flags
     fp8_mma: bool             # mma.sync ... e4m3 (sm_89+)
     fp4_block_mma: bool       # mma.sync ... kind::mxf4nvf4.block_scale (sm_120a/121a/121f)
+    capability: tuple[int, int]  # the compute capability that runs its code (an `a` target runs
+                                 # on exactly that capability, not on later ones)
 
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("sm_90", "H100 / H200 (Hopper)",
-               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False),
+               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False, capability=(9, 0)),
         Target("sm_100", "B200 / GB200 (Blackwell datacenter)",
-               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False),
+               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False, capability=(10, 0)),
         Target("sm_120", "RTX Blackwell (consumer)",
-               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True),
+               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 0)),
         Target("sm_121", "GB10 (DGX Spark)",
-               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True),
+               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 1)),
     )
 }
 
@@ -48,6 +50,16 @@ def variant_for(target: Target, family: str) -> str:
     if family in ("wxay", "kda_gates_w8a8"):
         return "fp8_mma" if target.fp8_mma else "fp8_dequant_fma"
     return "cuda_core"
+
+
+def target_for_capability(capability: tuple[int, int]) -> Target:
+    """The target whose code runs on a GPU of this compute capability."""
+    for target in TARGETS.values():
+        if target.capability == tuple(capability):
+            return target
+    known = ", ".join(f"{t.name} ({t.capability[0]}.{t.capability[1]})" for t in TARGETS.values())
+    raise KbpcError(f"kbpc has no target for compute capability {capability[0]}.{capability[1]} "
+                    f"(it builds for {known})", "GPU")
 
 
 def get_target(name: str) -> Target:

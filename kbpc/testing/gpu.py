@@ -15,9 +15,9 @@ import hashlib
 import numpy as np
 
 from kbpc.settings import gpu_test_cubin_cache
+from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR
 from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda
-from kbpc.targets import get_target
 
 # Poison bytes: 0xFF makes every float (FP32, BF16 bits, E4M3 codes) a NaN, which no kernel of the
 # blueprint produces from finite inputs; int32 outputs use 0xA5A5A5A5, which no id or index equals.

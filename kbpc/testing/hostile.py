@@ -120,12 +120,17 @@ MAKERS: dict[str, Callable[[Fixture, random.Random, Path], list[str]]] = {
     "blueprint": _blueprint_case, "config": _config_case, "key": _key_case, "keyring": _keyring_case}
 
 
+# Exit codes of a clean refusal (kbpc.errors.EXIT_CODES): bad input, a bundle that does not verify.
+CLEAN_REFUSALS = (2, 3)
+
+
 def _classify(tally: Tally, label: str, result, seconds: float) -> None:
     lines = [ln for ln in (result.output or "").splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
     if result.exit_code == 0 and result.exception is None:
         tally.accepted += 1
-    elif result.exit_code == 2 and last.startswith(("kbpc: error: ", "Error: ")) and len(last) <= MAX_ERROR_LINE:
+    elif (result.exit_code in CLEAN_REFUSALS and last.startswith(("kbpc: error: ", "Error: "))
+          and len(last) <= MAX_ERROR_LINE):
         tally.refused += 1
     else:
         tally.crashed += 1

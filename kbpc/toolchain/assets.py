@@ -7,6 +7,7 @@ at the repository root, beside the `kbpc/` folder. Each folder is recognised by 
 hold, so an unrelated `kernels/` folder elsewhere on the path is never taken for ours."""
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -29,3 +30,14 @@ def _locate(name: str) -> Path:
 KERNELS_DIR = _locate("kernels")
 RUNTIME_STUB_DIR = _locate("runtime_stub")
 TEMPLATES_DIR = _locate("templates")
+
+
+def sources_digest() -> str:
+    """SHA-256 over kbpc's own code: the kernels/, runtime_stub/ and templates/ files and the
+    Python package (code generation lives there), by relative path and content."""
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for root, pattern in ((KERNELS_DIR, "*"), (RUNTIME_STUB_DIR, "*"), (TEMPLATES_DIR, "*"), (package, "**/*.py")):
+        for path in sorted(p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts):
+            h.update(f"{root.name}/{path.relative_to(root)}".encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

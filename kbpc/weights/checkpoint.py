@@ -28,6 +28,11 @@ _HOLD = {"BF16": np.uint16, "F32": np.float32, "F8_E4M3": np.uint8, "U8": np.uin
          "F16": np.float16, "I8": np.int8}
 
 
+# what kbpc holds each storage kind, and each safetensors dtype, as (for readers elsewhere)
+STORAGE_DTYPE = {storage: held for storage, (_, _, held) in _ST.items()}
+HELD_DTYPE = _HOLD
+
+
 def write_checkpoint(path: Path, weights: dict[str, np.ndarray], specs: list[WeightSpec]) -> None:
     """Write one .safetensors file atomically."""
     tensors = {}
@@ -39,7 +44,7 @@ def write_checkpoint(path: Path, weights: dict[str, np.ndarray], specs: list[Wei
         fh.write(blob)
 
 
-def _read_header(path: Path) -> tuple[dict, int]:
+def read_header(path: Path) -> tuple[dict, int]:
     try:
         with open(path, "rb") as fh:
             raw = fh.read(8)
@@ -67,7 +72,7 @@ def open_checkpoint(source: Path) -> dict[str, np.ndarray]:
         raise WeightsError("no *.safetensors files in this folder", str(source))
     out: dict[str, np.ndarray] = {}
     for path in files:
-        header, base = _read_header(path)
+        header, base = read_header(path)
         total = path.stat().st_size
         for name, info in header.items():
             if name == "__metadata__":

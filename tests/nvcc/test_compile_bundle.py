@@ -22,8 +22,8 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(build_cache):
+    return build_cache
 
 
 def compile_(blueprint: Path, out: Path, keys, cache, *extra) -> None:
@@ -69,7 +69,7 @@ def test_tampered_bundle_is_refused_everywhere(tiny_bundle, keys, tmp_path):
     bad.write_bytes(bytes(data))
     for args in (["verify", str(bad)], ["inspect", str(bad)], ["run", str(bad), "--max-new-tokens", "1"]):
         result = CliRunner().invoke(main, [*args, "--trust", str(keys.public)])
-        assert result.exit_code == 2, (args, result.output)
+        assert result.exit_code == 3, (args, result.output)   # verification failed
         assert "Traceback" not in result.output
 
 
@@ -95,3 +95,23 @@ def test_seed_compiles(seed_path, keys, cache, tmp_path, target):
     compile_(seed_path, out, keys, cache, "--target", target)
     manifest = json.loads(members(out)["manifest.json"])
     assert manifest["step"]["groups"] == 908 and manifest["target"] == target
+
+
+def test_build_report_and_manifest_follow_their_schemas(tiny_path, keys, cache, tmp_path):
+    import jsonschema
+
+    schemas = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+    out, report_file = tmp_path / "tiny.kbp", tmp_path / "build.json"
+    result = CliRunner().invoke(main, ["compile", str(tiny_path), "-o", str(out), "--key", str(keys.private),
+                                       "--cache-dir", str(cache), "--json", "--json-out", str(report_file)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report == json.loads(report_file.read_text())
+    jsonschema.validate(report, json.loads((schemas / "kbpc-compile.v1.schema.json").read_text()))
+    from kbpc.toolchain.library import runtime_sources
+    assert report["objects"]["total"] == len(report["units"]) == report["kernel_instances"] + len(runtime_sources()) + 1
+    assert [s["name"] for s in report["stages"]] == ["front end", "passes", "code generation", "nvcc", "bundle"]
+    manifest = json.loads(members(out)["manifest.json"])
+    jsonschema.validate(manifest, json.loads((schemas / "kbp-bundle.v1.schema.json").read_text()))
+    import hashlib
+    assert report["manifest_sha256"] == hashlib.sha256(members(out)["manifest.json"]).hexdigest()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.errors import BuildError
 from kbpc.targets import get_target
+from kbpc.toolchain.nvcc import compile_cuda
 
 pytestmark = pytest.mark.nvcc
 

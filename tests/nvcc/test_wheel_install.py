@@ -15,11 +15,6 @@ import pytest
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-
-_NOT_SOURCES = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                                      ".hypothesis", "*.kbp", "bench")
-
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     # without PYTHONPATH: the installed wheel is under test, not a checkout on the path
@@ -29,9 +24,8 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedP
     return proc
 
 
-def test_wheel_installs_and_compiles_from_elsewhere(tmp_path, tiny_path, build_cache):
-    src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=_NOT_SOURCES)
+def test_wheel_installs_and_compiles_from_elsewhere(tmp_path, tiny_path, build_cache, copy_repo):
+    src = copy_repo(tmp_path / "src")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)], tmp_path)
     wheel = next((tmp_path / "dist").glob("kbpc-*.whl"))
     shutil.rmtree(src)  # nothing of the checkout copy is left to fall back on

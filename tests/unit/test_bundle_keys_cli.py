@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, mldsa
 from rich.console import Console
 
-from kbpc.bundle.commands import keygen, sign, verify
+from kbpc.cli_bundle import keygen, sign, verify
 from kbpc.bundle.container import Member, open_bundle, write_bundle
 from kbpc.bundle.keys import KeyFileError, Keyring, Signer, key_id
 from kbpc.bundle.keystore import default_key_dir, default_key_paths, ensure_default_key, generate_keys
@@ -306,14 +306,14 @@ def test_verify_command(bundle, keys, tmp_path):
     assert no_default.exit_code == 2 and "no --trust keyring given" in no_default.output
     other = generate_keys(tmp_path / "other")
     untrusted = invoke(verify, bundle, "--trust", other.public)
-    assert untrusted.exit_code == 2 and "not in the trusted keyring" in untrusted.output
+    assert untrusted.exit_code == 3 and "not in the trusted keyring" in untrusted.output
     assert "Traceback" not in untrusted.output
     assert invoke(verify, bundle, "--trust", other.public, "--trust", keys.public).exit_code == 0
     data = bytearray(bundle.read_bytes())
     data[40] ^= 1  # inside the first member's data
     bundle.write_bytes(data)
     tampered = invoke(verify, bundle, "--trust", keys.public)
-    assert tampered.exit_code == 2
+    assert tampered.exit_code == 3
     assert "member 'graph.json' does not match the signed manifest" in tampered.output
 
 
@@ -336,7 +336,7 @@ def test_sign_command_resigns_with_new_key(bundle, keys, tmp_path):
     # in place, trusting only the new key for the old signatures: refused, file untouched
     before = bundle.read_bytes()
     refused = invoke(sign, bundle, "--key", new.private, "--trust", new.public)
-    assert refused.exit_code == 2 and "not in the trusted keyring" in refused.output
+    assert refused.exit_code == 3 and "not in the trusted keyring" in refused.output
     assert bundle.read_bytes() == before
     assert invoke(sign, bundle, "--key", new.private).exit_code == 0
     open_bundle(bundle, Keyring.load(new.public)).close()
@@ -356,7 +356,7 @@ def test_sign_refuses_tampered_members_and_defaults_key(bundle, keys, config_hom
     data[40] ^= 1
     bundle.write_bytes(data)
     tampered = invoke(sign, bundle, "--key", keys.private)
-    assert tampered.exit_code == 2 and "does not match the signed manifest" in tampered.output
+    assert tampered.exit_code == 3 and "does not match the signed manifest" in tampered.output
     assert bundle.read_bytes() == data
     wrong_key = invoke(sign, bundle, "--key", keys.public)
     assert wrong_key.exit_code == 2 and "is a public keyring" in wrong_key.output

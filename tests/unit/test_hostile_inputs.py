@@ -48,11 +48,16 @@ def cli(*args) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def refused(*args) -> str:
+def refused(*args, code_wanted: int = 2) -> str:
     code, out = cli(*args)
     last = out.strip().splitlines()[-1]
-    assert code == 2 and last.startswith("kbpc: error: "), out
+    assert code == code_wanted and last.startswith("kbpc: error: "), out
     return last
+
+
+def refused_bundle(*args) -> str:
+    """A path named as a bundle that does not verify: exit code 3 (verification failed)."""
+    return refused(*args, code_wanted=3)
 
 
 def cli_subprocess(*args, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -108,7 +113,7 @@ def test_json_named_kbp_is_refused_as_a_bundle(tmp_path, fx):
     fake.write_bytes(TINY_BLUEPRINT.read_bytes())
     for command in (["run", fake, "--backend", "reference"], ["inspect", fake], ["verify", fake],
                     ["bench", fake]):
-        line = refused(*command, "--trust", fx.keys.public)
+        line = refused_bundle(*command, "--trust", fx.keys.public)
         assert "not a zip file" in line, line
     assert not default_key_paths().private.exists()   # nothing was compiled or signed
 
@@ -119,7 +124,7 @@ def test_damaged_bundles_are_reported_as_bundles(tmp_path, fx):
         path = tmp_path / name
         path.write_bytes(data[: len(data) - 40])
         for command in ("run", "inspect"):
-            line = refused(command, path, "--trust", fx.keys.public)
+            line = refused_bundle(command, path, "--trust", fx.keys.public)
             assert "JSON" not in line and "blueprint" not in line, line
 
 
@@ -128,7 +133,7 @@ def test_special_files_named_as_bundles_do_not_block(tmp_path, fx):
     os.mkfifo(fifo)
     for command in ("run", "inspect", "verify"):
         proc = cli_subprocess(command, fifo, "--trust", fx.keys.public, timeout=60)
-        assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
+        assert proc.returncode == 3 and "not a regular file" in proc.stderr, proc.stderr
 
 
 # -- 11.3: every parser bounded -----------------------------------------------------------------
@@ -160,13 +165,13 @@ def test_hostile_signature_and_manifest_json(tmp_path, fx, member, text):
     path = tmp_path / "x.kbp"
     forge_bundle(path, fx, **{member: text}, sign=member == "manifest")
     for command in ("verify", "inspect", "run"):
-        refused(command, path, "--trust", fx.keys.public)
+        refused_bundle(command, path, "--trust", fx.keys.public)
 
 
 def test_signed_hostile_graph_and_manifest_values(tmp_path, fx):
     path = tmp_path / "x.kbp"
     forge_bundle(path, fx, members={"graph.json": b"[" * 60000}, sign=True)
-    assert "nests 60000 levels" in refused("run", path, "--trust", fx.keys.public, "--backend", "reference")
+    assert "nests 60000 levels" in refused_bundle("run", path, "--trust", fx.keys.public, "--backend", "reference")
     manifest = {**fx.manifest_doc, "blueprint_id": "[/]\x1b[31m", "toolchain": {"x": "[bold]"}}
     forge_bundle(path, fx, manifest=canonical_json(manifest), sign=True)
     code, out = cli("inspect", path, "--trust", fx.keys.public)   # shown as text, not rich markup

@@ -6,19 +6,13 @@ from pathlib import Path
 
 import click
 
-from kbpc.bundle.container import resign_bundle, verify_bundle
+from kbpc.bundle.container import resign_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.keystore import (PRIVATE_NAME, PUBLIC_NAME, default_key_dir, generate_keys,
                                   may_create_default_key, signing_key, trusted_keyring)
-from kbpc.cli_options import reports_errors
+from kbpc.cli_options import TRUST_OPTION, emit_report, json_options, reports_errors
 from kbpc.errors import KbpcError
 from kbpc.settings import PASSPHRASE_ENV, key_passphrase
-from kbpc.report.render import human_bytes
-
-TRUST_OPTION = click.option(
-    "--trust", "trust_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-    help="Keyring file of trusted public keys (repeatable). Default: the keyring of your default "
-         "key, in the kbpc config directory.")
 
 
 @click.command()
@@ -28,8 +22,9 @@ TRUST_OPTION = click.option(
 @click.option("--force", is_flag=True, help="Replace an existing private key there.")
 @click.option("--encrypt", is_flag=True,
               help=f"Encrypt the private key with a passphrase ({PASSPHRASE_ENV}, or asked for at a terminal).")
+@json_options
 @reports_errors
-def keygen(output_dir: Path | None, force: bool, encrypt: bool) -> None:
+def keygen(output_dir: Path | None, force: bool, encrypt: bool, as_json: bool, json_out: Path | None) -> None:
     """Create a signing key: an Ed25519 and an ML-DSA-65 key pair. Bundles carry a signature from
     each; verifiers trust the public keyring."""
     passphrase = None
@@ -41,6 +36,10 @@ def keygen(output_dir: Path | None, force: bool, encrypt: bool) -> None:
             passphrase = click.prompt("passphrase", hide_input=True, confirmation_prompt=True).encode()
     paths = generate_keys(output_dir or default_key_dir(), overwrite=force, passphrase=passphrase)
     signer = Signer.load(paths.private, passphrase)
+    report = {"schema": "kbpc-keygen/v1", "private_key": str(paths.private), "keyring": str(paths.public),
+              "key_ids": signer.key_ids, "encrypted": encrypt}
+    if emit_report(report, as_json, json_out):
+        return
     click.echo(f"private key:    {paths.private}  (keep it secret{'; encrypted' if encrypt else ''})")
     click.echo(f"public keyring: {paths.public}  (give it to whoever verifies your bundles)")
     click.echo(f"key ids:        {', '.join(signer.key_ids)}")
@@ -55,15 +54,19 @@ def keygen(output_dir: Path | None, force: bool, encrypt: bool) -> None:
               help="Write the re-signed bundle here (default: replace BUNDLE, atomically).")
 @click.option("--trust", "trust_paths", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Also require the bundle's current signatures to verify against this keyring "
-                   "(repeatable). Without it only the members are checked against the manifest.")
+                   "(repeatable; they add up). Without it only the members are checked against the manifest.")
+@json_options
 @reports_errors
-def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: tuple[Path, ...]) -> None:
+def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: tuple[Path, ...],
+         as_json: bool, json_out: Path | None) -> None:
     """Re-sign BUNDLE: a new signature.json from KEY; every other byte stays the same."""
     signer = signing_key(key_path, may_create_default_key(), lambda note: click.echo(note, err=True))
     signer = signer if isinstance(signer, Signer) else signer()
     trust = trusted_keyring(trust_paths) if trust_paths else None
     key_ids = resign_bundle(bundle, signer, output, trust)
-    click.echo(f"signed {output or bundle} with {', '.join(key_ids)}")
+    report = {"schema": "kbpc-sign/v1", "bundle": str(output or bundle), "key_ids": key_ids}
+    if not emit_report(report, as_json, json_out):
+        click.echo(f"signed {output or bundle} with {', '.join(key_ids)}")
 
 
 @click.command()
@@ -75,63 +78,71 @@ def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: 
                    "weights, teacher-forced tokens) and check every position's logits.")
 @click.option("--positions", type=click.IntRange(min=1), default=64, show_default=True,
               help="Positions for --numerics.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --numerics: write the per-position report here.")
 @click.option("--intermediates", is_flag=True,
               help="With --numerics on a --debug-arena bundle: compare every intermediate buffer of "
                    "the step with the reference and list them in launch order.")
 @click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
               help="With --numerics: synthetic:SEED, a safetensors checkpoint or a Hugging Face "
                    "checkpoint folder.")
+@json_options
 @reports_errors
 def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: bool, positions: int,
-           json_path: Path | None, intermediates: bool, weights_source: str) -> None:
+           intermediates: bool, weights_source: str, as_json: bool, json_out: Path | None) -> None:
     """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
     signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
-    as the signed manifest records, no member added or missing. Exit code 2 on any failure."""
+    as the signed manifest records, no member added or missing. Exit code 3 on any failure."""
+    from kbpc.bundle.container import verify_bundle
+    from kbpc.bundle.keystore import trusted_keyring
+    from kbpc.report.render import human_bytes
+
     trust = trusted_keyring(trust_paths)
-    on_check = None if quiet else (lambda check: click.echo(f"  ok  {check}"))
-    report = verify_bundle(bundle, trust, on_check)
-    click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
-               f"signed by {', '.join(report.signers)}")
+    say = (lambda text: None) if as_json else click.echo
+    on_check = None if quiet else (lambda check: say(f"  ok  {check}"))
+    checked = verify_bundle(bundle, trust, on_check)
+    say(f"verified {bundle}: {checked.members} members, {human_bytes(checked.total_bytes)}, "
+        f"signed by {', '.join(checked.signers)}")
+    report = {"schema": "kbpc-verify/v1", "bundle": str(bundle), "verified": True, "signers": checked.signers,
+              "members": checked.members, "bytes": checked.total_bytes, "checks": checked.checks}
+    failed = None
     if numerics and intermediates:
-        _check_intermediates(bundle, trust, positions, quiet, weights_source)
+        report["intermediates"] = _check_intermediates(bundle, trust, positions, quiet, say, weights_source)
     if numerics:
-        _check_numerics(bundle, trust, positions, json_path, quiet, weights_source)
+        report["numerics"] = _check_numerics(bundle, trust, positions, quiet, say, weights_source)
+        if not report["numerics"]["passed"]:
+            report["verified"] = False
+            failed = "the GPU step does not match the reference within the limits"
+    emit_report(report, as_json, json_out)
+    if failed:
+        from kbpc.errors import VerificationError
+        raise VerificationError(failed, str(bundle))
 
 
-def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, weights: str) -> None:
+def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, say, weights: str) -> list[dict]:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_intermediates
 
     diffs = compare_intermediates(load_bundle_model(bundle, trust), weights=weights, steps=positions)
     bad = [d for d in diffs if d.rel_l2 > 1e-2]
-    click.echo(f"intermediates at position {positions - 1}: {len(diffs)} buffers, {len(bad)} with rel err > 1e-2 "
-               "(launch order; * marks them)")
+    say(f"intermediates at position {positions - 1}: {len(diffs)} buffers, {len(bad)} with rel err > 1e-2 "
+        "(launch order; * marks them)")
     for d in diffs:
         if d.rel_l2 > 1e-2 or not quiet:
             flag = "*" if d.rel_l2 > 1e-2 else " "
-            click.echo(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
+            say(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
+    return [{"position": d.position, "name": d.name, "format": d.format, "rel_l2": d.rel_l2, "detail": d.detail}
+            for d in diffs]
 
 
-def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool,
-                    weights: str) -> None:
-    import json
-
+def _check_numerics(bundle: Path, trust, positions: int, quiet: bool, say, weights: str) -> dict:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_numerics
-    from kbpc.util.atomic import write_text_atomic
 
     def show(pos: int, rep) -> None:
         if not quiet:
-            click.echo(f"  position {pos:3d}: rel L2 {rep.rel_l2[-1]:.2e}  same token {rep.same_token[-1]}")
+            say(f"  position {pos:3d}: rel L2 {rep.rel_l2[-1]:.2e}  same token {rep.same_token[-1]}")
 
     report = compare_numerics(load_bundle_model(bundle, trust), positions, weights=weights, on_position=show)
-    if json_path:
-        write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
     rel_limit, agree_limit = report.limits
-    click.echo(f"numerics ({report.mode} mode): max rel L2 {report.max_rel_l2:.3e} (limit {rel_limit:g}), same "
-               f"greedy token at {100 * report.agreement:.1f}% of {positions} positions (limit "
-               f"{100 * agree_limit:g}%)")
-    if not report.passed:
-        raise KbpcError("the GPU step does not match the reference within the limits", str(bundle))
+    say(f"numerics ({report.mode} mode): max rel L2 {report.max_rel_l2:.3e} (limit {rel_limit:g}), same "
+        f"greedy token at {100 * report.agreement:.1f}% of {positions} positions (limit {100 * agree_limit:g}%)")
+    return report.to_json()

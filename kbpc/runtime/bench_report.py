@@ -1,0 +1,109 @@
+"""What `kbpc bench` makes of a measurement, with no GPU involved (so it is tested on the CPU with a
+made-up profile): the report (schema kbpc-bench/v1), a Chrome/Perfetto trace of the profiled step
+with one track per stream, and a plot of each family's time against its floor.
+
+The profile is of one eager, serialized step (an event after each group, kbp_profile_step): the
+groups ran one after another in launch order, so the trace lays them end to end, each on its
+stream's track; the overlap the CUDA graph gets between streams is not in it."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from kbpc.errors import KbpcError
+from kbpc.runtime.run_manifest import RunManifest
+from kbpc.util.atomic import atomic_writer
+
+SCHEMA = "kbpc-bench/v1"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    context: int                     # the sequence position measured at
+    step_seconds: tuple[float, ...]  # each timed graph replay
+    group_ms: tuple[float, ...]      # the profiled step, per group in launch order
+    bandwidth: float                 # bytes/s, the floors' yardstick
+    bandwidth_source: str
+    device: str
+
+
+def _launch_order(plan: dict) -> list[dict]:
+    return sorted(plan["schedule"], key=lambda s: s["position"])
+
+
+def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Measurement) -> dict:
+    family_of = {g["id"]: g["family"] for g in plan["groups"]}
+    per_family: dict[str, float] = defaultdict(float)
+    groups: dict[str, int] = defaultdict(int)
+    for s, ms in zip(_launch_order(plan), m.group_ms):
+        per_family[family_of[s["group"]]] += ms * 1e3
+        groups[family_of[s["group"]]] += 1
+    per_us = m.bandwidth / 1e6
+    step_bytes = sum(fbytes.values())
+    median = statistics.median(m.step_seconds)
+    floor_us = step_bytes / per_us
+    return {
+        "schema": SCHEMA, "blueprint_id": run.blueprint_id, "plan_digest": run.plan_digest, "target": run.target,
+        "device": m.device, "bandwidth": {"bytes_per_s": m.bandwidth, "source": m.bandwidth_source},
+        "context": m.context, "runs": len(m.step_seconds),
+        "step_ms_median": median * 1e3, "tokens_per_s": 1.0 / median,
+        "bytes_per_token": step_bytes, "floor_ms": floor_us / 1e3, "roofline_fraction": (floor_us / 1e6) / median,
+        "launches_per_step": run.launches, "profiled_step_ms": float(sum(m.group_ms)),
+        "families": {f: {"us": per_family[f], "groups": groups[f], "bytes": fbytes.get(f, 0.0),
+                         "floor_us": fbytes.get(f, 0.0) / per_us,
+                         "fraction": (fbytes.get(f, 0.0) / per_us) / per_family[f] if per_family[f] else None}
+                     for f in sorted(per_family, key=lambda f: -per_family[f])},
+    }
+
+
+def chrome_trace(plan: dict, m: Measurement, title: str) -> dict:
+    """The profiled step in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
+    process, one thread (track) per stream, one complete event per group, microseconds."""
+    groups = {g["id"]: g for g in plan["groups"]}
+    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
+                           "args": {"name": f"{title} (serialized profile)"}}]
+    streams = sorted({s["stream"] for s in plan["schedule"]})
+    events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": st, "args": {"name": f"stream {st}"}}
+               for st in streams]
+    t = 0.0
+    for s, ms in zip(_launch_order(plan), m.group_ms):
+        g = groups[s["group"]]
+        events.append({"ph": "X", "name": g["family"], "cat": g.get("rule", ""), "pid": 1, "tid": s["stream"],
+                       "ts": round(t, 3), "dur": round(ms * 1e3, 3),
+                       "args": {"group": g["id"], "rule": g.get("rule"), "position": s["position"],
+                                "waits": list(s.get("waits") or ()), "record": s.get("record")}})
+        t += ms * 1e3
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"context": m.context, "device": m.device, "serialized": True}}
+
+
+def plot_families(report: dict, path: Path) -> None:
+    """A bar chart of each family's time in the profiled step against its bandwidth floor (PNG)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KbpcError("--plot needs matplotlib: pip install 'kbpc[plot]'", "--plot") from None
+    names = list(report["families"])
+    measured = [report["families"][f]["us"] for f in names]
+    floors = [report["families"][f]["floor_us"] for f in names]
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.35 * len(names) + 1.5)))
+    ys = range(len(names))
+    ax.barh([y + 0.2 for y in ys], measured, height=0.4, label="measured (profiled step)")
+    ax.barh([y - 0.2 for y in ys], floors, height=0.4, label="bandwidth floor")
+    ax.set_yticks(list(ys), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per step")
+    ax.set_title(f"{report['blueprint_id'][:60]} on {report['device'][:50]}, context {report['context']}: "
+                 f"{report['tokens_per_s']:.1f} tok/s, {100 * report['roofline_fraction']:.0f}% of roofline",
+                 fontsize=9)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    try:
+        with atomic_writer(Path(path)) as fh:
+            fig.savefig(fh, format="png", dpi=120)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,91 @@
+"""What the runner needs from a verified bundle's manifest, as one typed record: the library per
+rank, the weights and state it allocates, the target, the options that bound it (max context,
+numerics mode) and the checkpoint it binds. The runner reads these and recomputes none of them; a
+manifest that lacks one or holds a malformed one is refused (a bundle from a newer or broken
+kbpc), not half-used."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kbpc.errors import BundleError
+from kbpc.weights.binding import CheckpointFile
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    name: str
+    storage: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    kind: str                          # "lite" or "full" (weights embedded under weights/)
+    blueprint_id: str
+    plan_digest: str
+    target: str
+    max_context: int
+    numerics: str
+    libraries: dict[str, str]          # rank -> member path of its shared library
+    weights: tuple[TensorRecord, ...]  # in the order the library's weight table has them
+    state: tuple[TensorRecord, ...]
+    checkpoint: tuple[CheckpointFile, ...] | None   # the checkpoint files the bundle binds
+    launches: int
+    groups: int
+
+    @classmethod
+    def from_json(cls, m: dict[str, Any]) -> "RunManifest":
+        try:
+            options, step = m["options"], m["step"]
+            return cls(
+                kind=_one_of(m["kind"], ("lite", "full"), "kind"),
+                blueprint_id=_typed(m["blueprint_id"], str, "blueprint_id"),
+                plan_digest=_typed(m["plan_digest"], str, "plan_digest"),
+                target=_typed(m["target"], str, "target"),
+                max_context=_count(options["max_context"], "options.max_context"),
+                numerics=_typed(options.get("numerics", "exact"), str, "options.numerics"),
+                libraries={_typed(k, str, "library"): _typed(v, str, f"library.{k}") for k, v in m["library"].items()},
+                weights=tuple(_tensor(w, f"weights[{i}]") for i, w in enumerate(m["weights"])),
+                state=tuple(_tensor({**s, "storage": s.get("storage", "")}, f"state[{i}]")
+                            for i, s in enumerate(m["state"])),
+                checkpoint=None if m.get("checkpoint") is None else tuple(
+                    CheckpointFile(_typed(c["name"], str, "checkpoint.name"), _count(c["bytes"], "checkpoint.bytes"),
+                                   _typed(c["sha256"], str, "checkpoint.sha256")) for c in m["checkpoint"]),
+                launches=_count(step["launches"], "step.launches"),
+                groups=_count(step["groups"], "step.groups"),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise BundleError(f"manifest.json lacks a field the runner needs or holds it in another form "
+                              f"({type(exc).__name__}: {exc})") from None
+
+    def library(self, rank: int = 0) -> str:
+        try:
+            return self.libraries[f"rank{rank}"]
+        except KeyError:
+            raise BundleError(f"the bundle has no library for rank {rank}") from None
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BundleError(f"manifest.json: {where} must be a {kind.__name__}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if _typed(value, int, where) < 0:
+        raise BundleError(f"manifest.json: {where} must not be negative")
+    return value
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], where: str) -> str:
+    if value not in allowed:
+        raise BundleError(f"manifest.json: {where} must be one of {', '.join(allowed)}")
+    return value
+
+
+def _tensor(doc: dict, where: str) -> TensorRecord:
+    shape = tuple(_count(d, f"{where}.shape") for d in doc["shape"])
+    return TensorRecord(_typed(doc["name"], str, f"{where}.name"), _typed(doc["storage"], str, f"{where}.storage"),
+                        shape, _count(doc["bytes"], f"{where}.bytes"))

@@ -1,0 +1,70 @@
+"""`kbpc bench`'s outputs from a made-up profile (no GPU): the report follows its schema and adds
+up, the Chrome/Perfetto trace has one track per stream with the groups end to end in launch order,
+and the plot is a PNG. The GPU command that produces them for real is in the docstring of
+tests/gpu/test_gpu_bench.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options
+from kbpc.passes import run_pipeline
+from kbpc.runtime.bench_report import Measurement, bench_report, chrome_trace, plot_families
+from kbpc.runtime.run_manifest import RunManifest
+from kbpc.runtime.traffic import family_bytes
+
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "kbpc-bench.v1.schema.json"
+
+
+@pytest.fixture(scope="module")
+def fake(tiny_path):
+    bp = load_blueprint(tiny_path)
+    plan = json.loads(json.dumps(run_pipeline(bp, Options(max_context=64)).to_json()))
+    order = sorted(plan["schedule"], key=lambda s: s["position"])
+    group_ms = tuple(0.001 * (1 + i % 5) for i in range(len(order)))   # a made-up profile
+    m = Measurement(context=16, step_seconds=(0.002, 0.001, 0.003), group_ms=group_ms, bandwidth=4.0e12,
+                    bandwidth_source="given (--bandwidth)", device="sm_90 (fake, compute capability 9.0)")
+    run = RunManifest(kind="lite", blueprint_id=bp.meta.blueprint_id, plan_digest="0" * 64, target="sm_90",
+                      max_context=64, numerics="exact", libraries={"rank0": "lib/rank0/libkbp.so"}, weights=(),
+                      state=(), checkpoint=None, launches=len(order), groups=len(order))
+    return bp, plan, m, run
+
+
+def test_report_adds_up_and_follows_the_schema(fake):
+    bp, plan, m, run = fake
+    fbytes = family_bytes(bp, plan, m.context)
+    report = bench_report(run, plan, fbytes, m)
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    assert report["step_ms_median"] == pytest.approx(2.0)
+    assert sum(f["us"] for f in report["families"].values()) == pytest.approx(1e3 * sum(m.group_ms))
+    assert sum(f["groups"] for f in report["families"].values()) == len(m.group_ms)
+    assert report["floor_ms"] == pytest.approx(sum(fbytes.values()) / 4.0e12 * 1e3)
+    assert report["bandwidth"]["source"] == "given (--bandwidth)"
+
+
+def test_trace_has_a_track_per_stream_and_the_groups_end_to_end(fake):
+    _, plan, m, _ = fake
+    trace = chrome_trace(plan, m, "tiny")
+    json.dumps(trace)
+    tracks = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    streams = {s["stream"] for s in plan["schedule"]}
+    assert set(tracks) == streams and all(tracks[s] == f"stream {s}" for s in streams)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(m.group_ms)
+    for a, b in zip(spans, spans[1:]):
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-3)
+    stream_of = {s["group"]: s["stream"] for s in plan["schedule"]}
+    assert all(e["tid"] == stream_of[e["args"]["group"]] for e in spans)
+
+
+def test_plot_is_a_png(fake, tmp_path):
+    pytest.importorskip("matplotlib")
+    bp, plan, m, run = fake
+    report = bench_report(run, plan, family_bytes(bp, plan, m.context), m)
+    out = tmp_path / "families.png"
+    plot_families(report, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
