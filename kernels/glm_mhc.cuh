@@ -225,21 +225,34 @@ struct PreParams {
     __nv_bfloat16* normed;             // [m][D] yhat
     float* post;                       // [m][N]
     float* comb;                       // [m][N*N], or nullptr: no gates here (hc_gates elsewhere)
+    // The boundary form (glm_mhc_boundary.cuh) only; hc_pre_norm ignores them:
+    const __nv_bfloat16* h;            // kSrcExpand: [m][D] the BF16 embedding row the streams start as
+    float* work;                       // [m][(2+N)N+1][128] partial sums after the first tree level
 };
 
-// The N stream values at column k of token t (FUSE_POST: produced by the previous post-mix).
-template <int N, int D, bool FUSE_POST, int R>
-__device__ __forceinline__ void column_values(const PreParams<N, R>& p, size_t t, int k,
+// Where a pre-mix's streams come from: read as they are, produced by the previous site's post-mix
+// (rank sum of `parts`, post_in, comb_in applied to x), or the expand of the embedding row h.
+enum StreamSource : int { kSrcStreams = 0, kSrcPost = 1, kSrcExpand = 2 };
+
+// The N stream values at column k of token t, from the source SRC (pin, cin: kSrcPost's gates).
+template <int N, int D, int SRC, int R>
+__device__ __forceinline__ void stream_column(const PreParams<N, R>& p, size_t t, int k,
                                               const float (&pin)[N], const float (&cin)[N * N],
                                               float (&out)[N]) {
-    float xc[N];
+    if constexpr (SRC == kSrcExpand) {
+        const float hv = bf16_to_f32(__ldg(p.h + t * D + k));
 #pragma unroll
-    for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
-    if constexpr (FUSE_POST) {
-        post_mix_column<N>(xc, rank_sum<R>(p.parts, t * D + k), pin, cin, out);
+        for (int i = 0; i < N; ++i) out[i] = hv;
     } else {
+        float xc[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = xc[i];
+        for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
+        if constexpr (SRC == kSrcPost) {
+            post_mix_column<N>(xc, rank_sum<R>(p.parts, t * D + k), pin, cin, out);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) out[i] = xc[i];
+        }
     }
 }
 
@@ -408,7 +421,7 @@ __device__ __forceinline__ void mix_partials(const PreParams<N, R>& p, size_t t,
             float pw = 0.0f, sq = 0.0f;
             if (f < ND) {
                 float v[N];
-                column_values<N, D, FUSE_POST, R>(p, t, f % D, pin, cin, v);
+                stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, f % D, pin, cin, v);
                 const float xv = v[f / D];
                 pw = xv * bf16_to_f32(__ldg(w + f));
                 sq = xv * xv;
@@ -481,7 +494,7 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
     } else {
         collapse_norm<N, D, R>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total, [&](int i, int, int k) {
             float v[N];
-            column_values<N, D, FUSE_POST, R>(p, t, k, pin, cin, v);
+            stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, k, pin, cin, v);
             return v[i];
         });
     }
