@@ -27,4 +27,9 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (FUSE_POST): one launch and one "
                "pass over the streams fewer per boundary"),
+    FusionRule("hc_expand_pre", "glm_mhc", ("hc_expand", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_expand",
+               "the embedding row is widened into the streams inside the first pre-mix kernel: one launch "
+               "fewer"),
+    FusionRule("hc_head_norm", "glm_mhc", ("hc_post", "hc_contract", "final_norm"), "hc_contract",
+               "the last post-mix, the stream mean and the final RMSNorm in one kernel: two launches fewer"),
 )

@@ -6,9 +6,15 @@ from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.records import Node
 from kbpc.reference.rms_norm import block_threads  # the reference's rule: same reduction order
 
 NORM_ONLY = 0   # RmsMode::kNormOnly
+
+
+def one_plus(node: Node) -> bool:
+    """The weight form: w = 1 + gamma, except for the vanilla kernel (w = gamma)."""
+    return not (node.kernel and "vanilla" in node.kernel)
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -16,10 +22,10 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     for node in ctx.nodes(group):
         x, y = ctx.input(node), ctx.output(node)
         d = x.dim_value
-        one_plus = "false" if node.kernel and "vanilla" in node.kernel else "true"
         threads = block_threads(d)
         bf = "__nv_bfloat16"
-        inst = KernelInstance("rms_norm", "rms_norm.cuh", f"kbp::rms_norm<{d}, {threads}, {one_plus}, {NORM_ONLY}>",
+        form = "true" if one_plus(node) else "false"
+        inst = KernelInstance("rms_norm", "rms_norm.cuh", f"kbp::rms_norm<{d}, {threads}, {form}, {NORM_ONLY}>",
                               (f"{bf}*", "long", "long", f"const {bf}*", "long", f"{bf}*", "long",
                                f"const {bf}*", "float", f"{bf}*", "long", "long"))
         launches.append(Launch(inst, grid=(1, 1, 1), block=(threads, 1, 1), smem=0,
