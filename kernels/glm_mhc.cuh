@@ -1,5 +1,7 @@
 // glm_mhc.cuh: GLM-5 manifold-constrained hyper-connections (explain.families.glm_mhc): expand,
 // fused pre-mix (mix GEMV + gates + Sinkhorn + collapse + site RMSNorm), post-mix, head mean.
+// The one-launch boundary the lowering uses (hc_boundary, over many more CTAs) and the head + final
+// norm live in glm_mhc_boundary.cuh; hc_pre_norm here is the 24-CTA form it replaced (benchmarks).
 //
 // Launch contract (N = n_hc streams, D = hidden; m tokens on grid.y; rows dense, 4-byte aligned;
 // a stream tensor is [m][N*D] FP32, stream i at i*D; comb is [m][N*N] with comb[i*N+j] = C_ij)
