@@ -3,7 +3,9 @@ glm_router_topk, glm_swiglu_clamp, glm_moe_combine, embed_copy) at the seed's sh
 4096, mix rows 24, 288 experts top 8, moe_inter 2048, one token. See bench/kernels.py.
 
 The hyper-connection boundary (post-mix of one site + pre-mix and RMSNorm of the next) has a
-budget of 4 us; it is timed both as the two kernels back to back and as the fused kernel."""
+budget of 4 us; it is timed as the two kernels back to back, as the 24-CTA FUSE_POST form, and as
+the one-launch hc_boundary (glm_mhc_boundary.cuh) the lowering uses, at several CTA shapes and with
+the gates + Sinkhorn left to a side stream; the head + final norm likewise."""
 from __future__ import annotations
 
 import numpy as np
