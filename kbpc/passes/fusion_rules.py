@@ -25,8 +25,8 @@ class FusionRule:
 
 FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
-               "the post-mix runs inside the next site's pre-mix kernel (FUSE_POST): one launch and one "
-               "pass over the streams fewer per boundary"),
+               "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
+               "and one pass over the streams fewer per boundary"),
     FusionRule("hc_expand_pre", "glm_mhc", ("hc_expand", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_expand",
                "the embedding row is widened into the streams inside the first pre-mix kernel: one launch "
                "fewer"),
