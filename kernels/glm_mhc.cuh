@@ -261,9 +261,12 @@ __device__ __forceinline__ void stream_column(const PreParams<N, R>& p, size_t t
     }
 }
 
+// post_i = 2 sigma(fl(fl(a1 mu_{N+i}) + beta_{N+i})).
+__device__ __forceinline__ float post_gate(float mu, float a1, float b) { return 2.0f * sigmoid_f32(a1 * mu + b); }
+
 // Post gates, softmax and Sinkhorn in one warp: lane l < N*N owns C_ij (i = l / N, j = l % N);
-// lanes l < N also own post_l. Writes post and comb of token t from its mix outputs mu.
-// alpha and beta may live in shared or global memory.
+// lanes l < N also own post_l. Writes post (unless nullptr) and comb of token t from its mix
+// outputs mu. alpha and beta may live in shared or global memory.
 template <int N>
 __device__ void hc_gates_warp(const float* mu, const float* alpha, const float* beta, float eps_hc,
                               int iters, float* post, float* comb, size_t t, int lane) {
@@ -287,20 +290,16 @@ __device__ void hc_gates_warp(const float* mu, const float* alpha, const float* 
     const float e = exp_f32(z - mx);
     gather_row(e, r);
     float c = __fdiv_rn(e, tree_n<N>(r)) + eps_hc;
-    iters = iters < 1 ? 1 : iters;
-    for (int it = 0; it < iters; ++it) {
-        if (it) {
-            gather_row(c, r);
-            c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
-        }
+    gather_col(c, r);
+    c = __fdiv_rn(c, eps_hc + tree_n<N>(r));  // the first column pass (iters < 1 acts as 1)
+    for (int it = 1; it < iters; ++it) {
+        gather_row(c, r);
+        c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
         gather_col(c, r);
         c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
     }
     if (lane < NN) comb[t * NN + lane] = c;
-    if (lane < N) {
-        const float zp = alpha[1] * mu[N + lane] + beta[N + lane];
-        post[t * N + lane] = 2.0f * sigmoid_f32(zp);
-    }
+    if (post != nullptr && lane < N) post[t * N + lane] = post_gate(mu[N + lane], alpha[1], beta[N + lane]);
 }
 
 // Gates + Sinkhorn alone from the mix outputs, for a side stream: the pre-mix then runs with

@@ -24,9 +24,9 @@
 //   order), chain (2+N)N the stream sum of squares. The CTA computes its group's stream values (the
 //   post-mix or expand of whole columns when D % 256 == 0) into shared memory, one warp per chain
 //   runs the strided sums, folds the first tree level and stores 16 of the 128 level-1 values. The
-//   last CTA of a token (arrival counter) finishes every tree from level 64: warps 0..7 the pre rows
-//   and the sum of squares, then collapse + RMSNorm over all columns (the streams read back from
-//   L2); warp 8 the post and comb rows, then gates + Sinkhorn.
+//   last CTA of a token (arrival counter) finishes every tree from level 64: warps 0..7 the pre and
+//   post rows and the sum of squares, the post gates, then collapse + RMSNorm over all columns (the
+//   streams read back from L2); warp 8 the comb rows, then softmax + Sinkhorn, the serial path.
 // PDL: Phi rows, alpha and beta are read before pdl_wait(); dependents are released right after it
 // (every CTA has started by then, so the last-CTA handoff cannot wait on a CTA that is not resident).
 #pragma once
@@ -134,35 +134,37 @@ __device__ __forceinline__ float boundary_chain(const float* xs, const __nv_bflo
     return acc + __shfl_down_sync(0xffffffffu, acc, 16);  // first tree level: t + 128 onto t
 }
 
-// Tail, warp 8: mu of the post and comb rows, then gates + Sinkhorn (if p.comb).
+// Tail, warp 8: mu of the comb rows, then softmax + Sinkhorn (if p.comb).
 template <int N, int D, int R>
 __device__ __forceinline__ void boundary_gates_warp(const PreParams<N, R>& p, const float* part, size_t t,
                                                     int lane, const float* ab, float* mu) {
-    constexpr int ROWS = (2 + N) * N;
+    constexpr int ROWS = (2 + N) * N, FIRST = 2 * N;
     const float* ssp = part + ROWS * kLevel1;
     float ss = tree_from_level1(__ldcg(ssp + lane), __ldcg(ssp + lane + 32), __ldcg(ssp + lane + 64),
                                 __ldcg(ssp + lane + 96));
     ss = __shfl_sync(0xffffffffu, ss, 0);
     const float r = rsqrt_f32(ss / (float)(N * D) + p.eps_n);
-    float a[ROWS - N][4];
+    float a[ROWS - FIRST][4];
 #pragma unroll
-    for (int m = 0; m < ROWS - N; ++m) {
+    for (int m = 0; m < ROWS - FIRST; ++m) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) a[m][q] = __ldcg(part + (N + m) * kLevel1 + lane + 32 * q);
+        for (int q = 0; q < 4; ++q) a[m][q] = __ldcg(part + (FIRST + m) * kLevel1 + lane + 32 * q);
     }
 #pragma unroll
-    for (int m = 0; m < ROWS - N; ++m) {
+    for (int m = 0; m < ROWS - FIRST; ++m) {
         const float d = tree_from_level1(a[m][0], a[m][1], a[m][2], a[m][3]);
         if (lane == 0) {
-            mu[N + m] = d * r;
-            if (p.mix) p.mix[t * ROWS + N + m] = d * r;
+            mu[FIRST + m] = d * r;
+            if (p.mix) p.mix[t * ROWS + FIRST + m] = d * r;
         }
     }
     __syncwarp();
-    if (p.comb != nullptr) hc_gates_warp<N>(mu, ab, ab + 3, p.eps_hc, p.iters, p.post, p.comb, t, lane);
+    // The post gates are the tree warps' (boundary_collapse): off this warp's serial path.
+    if (p.comb != nullptr) hc_gates_warp<N>(mu, ab, ab + 3, p.eps_hc, p.iters, nullptr, p.comb, t, lane);
 }
 
-// Tail, warps 0..7: mu of the pre rows, collapse and RMSNorm. `part` staged rows: s_part.
+// Tail, warps 0..7: mu of the pre and post rows, the post gates (if p.comb), collapse and RMSNorm.
+// s_part stages the level-1 values of rows 0..2N-1 and of the sum of squares (row 2N there).
 template <int N, int D, int SRC, int R>
 __device__ __forceinline__ void boundary_collapse(const PreParams<N, R>& p, const float* part, size_t t,
                                                   int tid, const float* ab, float* mu, float* s_part,
@@ -171,9 +173,9 @@ __device__ __forceinline__ void boundary_collapse(const PreParams<N, R>& p, cons
     constexpr bool kCache = D % kTreeThreads == 0 && N * QD <= kMaxCachedPerThread / 2;
     const int warp = tid >> 5, lane = tid & 31;
     // Every load first: the level-1 values of the pre rows and the sum of squares, gamma, streams.
-    for (int i = tid; i < (N + 1) * kLevel1; i += kTreeThreads) {
+    for (int i = tid; i < (2 * N + 1) * kLevel1; i += kTreeThreads) {
         const int row = i / kLevel1;
-        s_part[i] = __ldcg(part + (row < N ? row : ROWS) * kLevel1 + i % kLevel1);
+        s_part[i] = __ldcg(part + (row < 2 * N ? row : ROWS) * kLevel1 + i % kLevel1);
     }
     float gam[QD];
 #pragma unroll
@@ -193,16 +195,17 @@ __device__ __forceinline__ void boundary_collapse(const PreParams<N, R>& p, cons
         for (int e = 0; e < kCached; ++e) xr[e] = load(e / QD, tid + kTreeThreads * (e % QD));
     }
     bar_tree();
-    if (warp <= N) {
-        const float* v = s_part + warp * kLevel1;
+    for (int row = warp; row <= 2 * N; row += kTreeThreads / 32) {
+        const float* v = s_part + row * kLevel1;
         const float d = tree_from_level1(v[lane], v[lane + 32], v[lane + 64], v[lane + 96]);
-        if (lane == 0) s_dot[warp] = d;
+        if (lane == 0) s_dot[row] = d;
     }
     bar_tree();
-    if (tid < N) {
-        const float r = rsqrt_f32(s_dot[N] / (float)(N * D) + p.eps_n);
-        mu[tid] = s_dot[tid] * r;
-        if (p.mix) p.mix[t * ROWS + tid] = s_dot[tid] * r;
+    if (tid < 2 * N) {
+        const float m = s_dot[tid] * rsqrt_f32(s_dot[2 * N] / (float)(N * D) + p.eps_n);
+        mu[tid] = m;
+        if (p.mix) p.mix[t * ROWS + tid] = m;
+        if (tid >= N && p.comb != nullptr) p.post[t * N + tid - N] = post_gate(m, ab[1], ab[3 + tid]);
     }
     bar_tree();
     if constexpr (kCache) {
@@ -221,14 +224,13 @@ __device__ __forceinline__ void hc_boundary_body(const PreParams<N, R>& p) {
     constexpr int RG = (CHAINS + RPC - 1) / RPC;
     constexpr int PF = KPT < kPhiPrefetch ? KPT : kPhiPrefetch;
     static_assert(N * N <= 32, "the Sinkhorn warp holds the N x N comb matrix");
-    static_assert(N + 1 <= kTreeThreads / 32, "one tree warp per pre row and the sum of squares");
     static_assert(RPC >= 1 && RPC <= kBoundaryWarps, "one warp per chain");
     static_assert(ND <= kMaxBoundaryFlat, "the CTA's stream values live in shared memory");
     __shared__ float xs[KPT * 32];
     __shared__ float s_ab[3 + ROWS];
     __shared__ float s_mu[ROWS];
-    __shared__ float s_part[(N + 1) * kLevel1];
-    __shared__ float s_dot[N + 1];
+    __shared__ float s_part[(2 * N + 1) * kLevel1];
+    __shared__ float s_dot[2 * N + 1];
     __shared__ float red[kTreeThreads];
     __shared__ float s_total;
     __shared__ unsigned int s_last;
