@@ -198,7 +198,7 @@ def test_head_norm_exact(n, d, r, m, one_plus, post):
 @pytest.mark.parametrize("target", ["sm_90", "sm_121"])
 def test_boundary_instances_compile(tmp_path, target):
     """Every instance the GPU tests launch compiles for both targets (no GPU needed)."""
-    from kbpc.build.nvcc import compile_cuda  # noqa: PLC0415
+    from kbpc.toolchain.nvcc import compile_cuda  # noqa: PLC0415
     from kbpc.targets import get_target  # noqa: PLC0415
 
     kernels = [lower.boundary_instance(n, d, SOURCES[s], r, rpc) for n, d, r, rpc, _, srcs in BOUNDARY
