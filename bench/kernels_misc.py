@@ -3,7 +3,9 @@ glm_router_topk, glm_swiglu_clamp, glm_moe_combine, embed_copy) at the seed's sh
 4096, mix rows 24, 288 experts top 8, moe_inter 2048, one token. See bench/kernels.py.
 
 The hyper-connection boundary (post-mix of one site + pre-mix and RMSNorm of the next) has a
-budget of 4 us; it is timed both as the two kernels back to back and as the fused kernel."""
+budget of 4 us; it is timed as the two kernels back to back, as the 24-CTA FUSE_POST form, and as
+the one-launch hc_boundary (glm_mhc_boundary.cuh) the lowering uses, at several CTA shapes and with
+the gates + Sinkhorn left to a side stream; the head + final norm likewise."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +22,33 @@ _PRE_TAIL = ("const __nv_bfloat16* phi, const float* alpha, const float* beta, c
              "__nv_bfloat16* collapsed, __nv_bfloat16* normed, float* post, float* comb")
 _PRE_FIELDS = "phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb"
 
+BOUNDARY_RPC = (2, 3, 4, 5)  # chains (warps) per CTA of the fused boundary: 104, 72, 56, 40 CTAs
+HEAD_THREADS = min(1024, D // 2)  # kbpc.reference.rms_norm.block_threads(D)
+
+
+def _boundary_wrappers() -> str:
+    """b_bd<src>_<rpc>: the fused boundary (kernels/glm_mhc_boundary.cuh); b_hn<post>: head + final norm."""
+    out = []
+    for src, rpcs in ((0, (4,)), (1, BOUNDARY_RPC), (2, (4,))):
+        for rpc in rpcs:
+            out.append(f"""extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_bd{src}_{rpc}(
+    const float* x, const __nv_bfloat16* h, const __nv_bfloat16* u, const float* post_in, const float* comb_in,
+    float* x_out, {_PRE_TAIL}, float* work) {{
+  const PreParams<{N}, 1> p{{x, {{{{u}}}}, post_in, comb_in, x_out, {_PRE_FIELDS}, h, work}};
+  hc_boundary_body<{N}, {D}, {src}, 1, {rpc}>(p); }}""")
+    for post in (0, 1):
+        out.append(f"""extern "C" __global__ void __launch_bounds__({HEAD_THREADS}) b_hn{post}(const float* x,
+    const __nv_bfloat16* u, const float* post_in, const float* comb_in, const __nv_bfloat16* gamma,
+    __nv_bfloat16* normed) {{
+  const HeadParams<{N}, 1> p{{x, {{{{u}}}}, post_in, comb_in, nullptr, gamma, 1e-5f, nullptr, normed}};
+  hc_head_norm_body<{N}, {D}, {HEAD_THREADS}, true, {bool(post)}, 1>(p); }}""".replace("True", "true")
+                   .replace("False", "false"))
+    return "\n".join(out)
+
+
 SOURCE = f"""
 #include "glm_mhc.cuh"
+#include "glm_mhc_boundary.cuh"
 #include "glm_router_topk.cuh"
 #include "glm_swiglu_clamp.cuh"
 #include "glm_moe_combine.cuh"
@@ -35,6 +62,7 @@ extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_post_pre(const 
     const float* post_in, const float* comb_in, float* x_out, {_PRE_TAIL}) {{
   const PreParams<{N}, 1> p{{x, {{{{u}}}}, post_in, comb_in, x_out, {_PRE_FIELDS}}};
   hc_pre_norm_body<{N}, {D}, true, 1>(p); }}
+{_boundary_wrappers()}
 extern "C" __global__ void b_post(const float* x, const __nv_bfloat16* u, const float* post, const float* comb,
     float* y) {{ hc_post_body<{N}, {D}, 1, {POST_VEC}>(x, RankParts<1>{{{{u}}}}, post, comb, y); }}
 extern "C" __global__ void __launch_bounds__(32) b_gates(const float* mix, const float* alpha, const float* beta,
@@ -83,6 +111,8 @@ class _PreState:
         self.comb_in = _gpu(np.full((N, N), 1.0 / N, F32))
         self.small = [_gpu(np.ones(3, F32)), _gpu(np.zeros(ROWS, F32)), _gpu(_bf16(rng, D))]
         self.mix, self.counters = _gpu(np.zeros(ROWS, F32)), _gpu(np.zeros(1, np.uint32))
+        self.work = _gpu(np.zeros((ROWS + 1) * 128, F32))  # the fused boundary's partial sums
+        self.hs = [_gpu(_bf16(rng, D)) for _ in range(self.n)]
         self.normed, self.post = _gpu(np.zeros(D, np.uint16)), _gpu(np.zeros(N, F32))
         self.comb = _gpu(np.zeros((N, N), F32))
 
@@ -152,6 +182,45 @@ def _fused_boundary_case() -> Case:
                            block=(PRE_THREADS, 1, 1), grid=(ROWS, 1))
     return Case("glm_mhc::boundary post+pre_norm fused", "budget 4 us", _PRE_BYTES + N * D * 4 + D * 2,
                 setup)
+
+
+def _boundary_launch(f, st, i, src: int, side_gates: bool = False):
+    tail = st.tail(i)
+    if side_gates:
+        tail[-1] = np.uintp(0)  # comb = nullptr: hc_gates on a side stream
+    x_out = st.x_out[i % st.n] if src else np.uintp(0)
+    f(st.xs[i % st.n], st.hs[i % st.n], st.u, st.post_in, st.comb_in, x_out, *tail, st.work,
+      block=(PRE_THREADS, 1, 1), grid=(8 * -(-(ROWS + 1) // st.rpc), 1))
+
+
+def _fused_boundary_cases() -> list[Case]:
+    """kernels/glm_mhc_boundary.cuh: one launch per boundary, at several CTA shapes."""
+    def make(src: int, rpc: int, side_gates: bool = False):
+        def setup():
+            f, st = _mod().get_function(f"b_bd{src}_{rpc}"), _PreState(src != 0)
+            st.rpc = rpc
+            return lambda i: _boundary_launch(f, st, i, src, side_gates)
+        return setup
+    ctas = {r: 8 * -(-(ROWS + 1) // r) for r in BOUNDARY_RPC}
+    fused = _PRE_BYTES + N * D * 4 + D * 2
+    cases = [Case(f"glm_mhc::hc_boundary post+pre_norm {ctas[r]} CTAs", "budget 4 us", fused, make(1, r))
+             for r in BOUNDARY_RPC]
+    return cases + [
+        Case("glm_mhc::hc_boundary post+pre_norm, side gates", "56 CTAs, + hc_gates", fused, make(1, 4, True)),
+        Case("glm_mhc::hc_boundary expand+pre_norm", "56 CTAs", _PRE_BYTES + N * D * 4, make(2, 4)),
+        Case("glm_mhc::hc_boundary pre_norm", "56 CTAs", _PRE_BYTES, make(0, 4))]
+
+
+def _head_norm_cases() -> list[Case]:
+    def make(post: int):
+        def setup():
+            f, st = _mod().get_function(f"b_hn{post}"), _PreState(False)
+            return lambda i: f(st.xs[i % st.n], st.u, st.post_in, st.comb_in, st.small[2], st.normed,
+                               block=(HEAD_THREADS, 1, 1), grid=(1, 1))
+        return setup
+    nbytes = N * D * 4 + 3 * D * 2
+    return [Case("glm_mhc::hc_head_norm head+final norm", f"{N}x{D} f32 -> {D} bf16", nbytes, make(0)),
+            Case("glm_mhc::hc_head_norm post+head+final norm", "1 CTA", nbytes + D * 2, make(1))]
 
 
 def _expand_head_cases() -> list[Case]:
@@ -231,5 +300,6 @@ def _embed_case() -> Case:
     return Case("embed_copy::embed_copy", f"row of {vocab}x{D} bf16", D * 2 * 2 + 4, setup)
 
 
-CASES = [_pre_case(), *_pre_side_gates_cases(), _post_case(), _boundary_case(), _fused_boundary_case(), *_expand_head_cases(),
+CASES = [_pre_case(), *_pre_side_gates_cases(), _post_case(), _boundary_case(), _fused_boundary_case(),
+         *_fused_boundary_cases(), *_expand_head_cases(), *_head_norm_cases(),
          _router_case(), _swiglu_case(), _combine_case(), _embed_case()]

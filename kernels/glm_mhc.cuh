@@ -1,5 +1,7 @@
 // glm_mhc.cuh: GLM-5 manifold-constrained hyper-connections (explain.families.glm_mhc): expand,
 // fused pre-mix (mix GEMV + gates + Sinkhorn + collapse + site RMSNorm), post-mix, head mean.
+// The one-launch boundary the lowering uses (hc_boundary, over many more CTAs) and the head + final
+// norm live in glm_mhc_boundary.cuh; hc_pre_norm here is the 24-CTA form it replaced (benchmarks).
 //
 // Launch contract (N = n_hc streams, D = hidden; m tokens on grid.y; rows dense, 4-byte aligned;
 // a stream tensor is [m][N*D] FP32, stream i at i*D; comb is [m][N*N] with comb[i*N+j] = C_ij)
@@ -228,27 +230,43 @@ struct PreParams {
     __nv_bfloat16* normed;             // [m][D] yhat
     float* post;                       // [m][N]
     float* comb;                       // [m][N*N], or nullptr: no gates here (hc_gates elsewhere)
+    // The boundary form (glm_mhc_boundary.cuh) only; hc_pre_norm ignores them:
+    const __nv_bfloat16* h;            // kSrcExpand: [m][D] the BF16 embedding row the streams start as
+    float* work;                       // [m][(2+N)N+1][128] partial sums after the first tree level
 };
 
-// The N stream values at column k of token t (FUSE_POST: produced by the previous post-mix).
-template <int N, int D, bool FUSE_POST, int R>
-__device__ __forceinline__ void column_values(const PreParams<N, R>& p, size_t t, int k,
+// Where a pre-mix's streams come from: read as they are, produced by the previous site's post-mix
+// (rank sum of `parts`, post_in, comb_in applied to x), or the expand of the embedding row h.
+enum StreamSource : int { kSrcStreams = 0, kSrcPost = 1, kSrcExpand = 2 };
+
+// The N stream values at column k of token t, from the source SRC (pin, cin: kSrcPost's gates).
+template <int N, int D, int SRC, int R>
+__device__ __forceinline__ void stream_column(const PreParams<N, R>& p, size_t t, int k,
                                               const float (&pin)[N], const float (&cin)[N * N],
                                               float (&out)[N]) {
-    float xc[N];
+    if constexpr (SRC == kSrcExpand) {
+        const float hv = bf16_to_f32(__ldg(p.h + t * D + k));
 #pragma unroll
-    for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
-    if constexpr (FUSE_POST) {
-        post_mix_column<N>(xc, rank_sum<R>(p.parts, t * D + k), pin, cin, out);
+        for (int i = 0; i < N; ++i) out[i] = hv;
     } else {
+        float xc[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = xc[i];
+        for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
+        if constexpr (SRC == kSrcPost) {
+            post_mix_column<N>(xc, rank_sum<R>(p.parts, t * D + k), pin, cin, out);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) out[i] = xc[i];
+        }
     }
 }
 
+// post_i = 2 sigma(fl(fl(a1 mu_{N+i}) + beta_{N+i})).
+__device__ __forceinline__ float post_gate(float mu, float a1, float b) { return 2.0f * sigmoid_f32(a1 * mu + b); }
+
 // Post gates, softmax and Sinkhorn in one warp: lane l < N*N owns C_ij (i = l / N, j = l % N);
-// lanes l < N also own post_l. Writes post and comb of token t from its mix outputs mu.
-// alpha and beta may live in shared or global memory.
+// lanes l < N also own post_l. Writes post (unless nullptr) and comb of token t from its mix
+// outputs mu. alpha and beta may live in shared or global memory.
 template <int N>
 __device__ void hc_gates_warp(const float* mu, const float* alpha, const float* beta, float eps_hc,
                               int iters, float* post, float* comb, size_t t, int lane) {
@@ -272,20 +290,16 @@ __device__ void hc_gates_warp(const float* mu, const float* alpha, const float* 
     const float e = exp_f32(z - mx);
     gather_row(e, r);
     float c = __fdiv_rn(e, tree_n<N>(r)) + eps_hc;
-    iters = iters < 1 ? 1 : iters;
-    for (int it = 0; it < iters; ++it) {
-        if (it) {
-            gather_row(c, r);
-            c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
-        }
+    gather_col(c, r);
+    c = __fdiv_rn(c, eps_hc + tree_n<N>(r));  // the first column pass (iters < 1 acts as 1)
+    for (int it = 1; it < iters; ++it) {
+        gather_row(c, r);
+        c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
         gather_col(c, r);
         c = __fdiv_rn(c, eps_hc + tree_n<N>(r));
     }
     if (lane < NN) comb[t * NN + lane] = c;
-    if (lane < N) {
-        const float zp = alpha[1] * mu[N + lane] + beta[N + lane];
-        post[t * N + lane] = 2.0f * sigmoid_f32(zp);
-    }
+    if (post != nullptr && lane < N) post[t * N + lane] = post_gate(mu[N + lane], alpha[1], beta[N + lane]);
 }
 
 // Gates + Sinkhorn alone from the mix outputs, for a side stream: the pre-mix then runs with
@@ -412,7 +426,7 @@ __device__ __forceinline__ void mix_partials(const PreParams<N, R>& p, size_t t,
             float pw = 0.0f, sq = 0.0f;
             if (f < ND) {
                 float v[N];
-                column_values<N, D, FUSE_POST, R>(p, t, f % D, pin, cin, v);
+                stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, f % D, pin, cin, v);
                 const float xv = v[f / D];
                 pw = xv * bf16_to_f32(__ldg(w + f));
                 sq = xv * xv;
@@ -485,7 +499,7 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
     } else {
         collapse_norm<N, D, R>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total, [&](int i, int, int k) {
             float v[N];
-            column_values<N, D, FUSE_POST, R>(p, t, k, pin, cin, v);
+            stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, k, pin, cin, v);
             return v[i];
         });
     }

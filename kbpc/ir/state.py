@@ -3,7 +3,7 @@
 Kinds come from a node's `state` field in the blueprint (`conv:update`, `h:update`,
 `latent:write`, `index:write`, `tail:update`, `index:read`; `conv:snapshot` and `latent:read` own
 nothing: snapshots serve multi-token verify, reads use the writer's buffers). The fused
-hyper-connection pre-mix also keeps per-row arrival counters and a mu workspace. Caches are sized
+hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace. Caches are sized
 for the compile's max context."""
 from __future__ import annotations
 
@@ -26,10 +26,17 @@ class StateBuffer:
     storage: str
 
 
+# kbp::mhc::kLevel1: the partial sums of one hyper-connection sum kept after the first level of the
+# family's 256-wide tree (kernels/glm_mhc_boundary.cuh).
+HC_LEVEL1 = 128
+
+
 def hc_pre_state(pre: Node, rows: int, mix_width: int) -> tuple[StateBuffer, StateBuffer]:
-    """The fused pre-mix's arrival counters (zero between launches) and its mu workspace."""
+    """The fused pre-mix's arrival counters (zero between launches) and its partial sums: per row,
+    the mix rows and the stream sum of squares, HC_LEVEL1 values each (scratch of one launch)."""
+    sums = mix_width + 1
     return (StateBuffer(f"{pre.id}.counters", rows * 4, (rows,), "i32"),
-            StateBuffer(f"{pre.id}.mix", rows * mix_width * 4, (rows, mix_width), "f32"))
+            StateBuffer(f"{pre.id}.work", rows * sums * HC_LEVEL1 * 4, (rows, sums, HC_LEVEL1), "f32"))
 
 
 def _hc_pre(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:

@@ -50,8 +50,13 @@ def _norm_then_fp8_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
 
 FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
-               "the post-mix runs inside the next site's pre-mix kernel (FUSE_POST): one launch and one "
-               "pass over the streams fewer per boundary"),
+               "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
+               "and one pass over the streams fewer per boundary"),
+    FusionRule("hc_expand_pre", "glm_mhc", ("hc_expand", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_expand",
+               "the embedding row is widened into the streams inside the first pre-mix kernel: one launch "
+               "fewer"),
+    FusionRule("hc_head_norm", "glm_mhc", ("hc_post", "hc_contract", "final_norm"), "hc_contract",
+               "the last post-mix, the stream mean and the final RMSNorm in one kernel: two launches fewer"),
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),

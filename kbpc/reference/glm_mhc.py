@@ -43,6 +43,7 @@ import numpy as np
 from kbpc.reference.f32ops import exp_f32, rsqrt_f32, sigmoid_f32, strided_tree_sum
 from kbpc.reference.formats import to_bf16
 from kbpc.reference.fp32 import seq_sum
+from kbpc.reference.rms_norm import rms_norm
 
 F32 = np.float32
 THREADS = 256
@@ -167,3 +168,32 @@ def hc_head(x) -> np.ndarray:
     x = np.asarray(x, F32)
     inv_n = F32(1) / F32(x.shape[-2])
     return to_bf16((_rsum(x, axis=-2) * inv_n).astype(F32))
+
+
+# ------------------------------------------------------------------ fused forms
+# A fused kernel computes exactly the unfused chain (kernels/glm_mhc_boundary.cuh); these compose the
+# functions above in that chain's order, for the GPU tests of the fused forms.
+
+
+def hc_boundary(x, partials, post_in, comb_in, phi, alpha, beta, gamma, *, eps_n: float, eps_hc: float,
+                eps: float, iters: int) -> tuple[np.ndarray, PreMix]:
+    """A boundary: the previous site's post-mix (rank sum first), then the next pre-mix and norm.
+
+    Returns (the new streams, the next site's PreMix)."""
+    streams = hc_post(x, hc_rank_sum(partials), post_in, comb_in)
+    return streams, hc_pre_norm(streams, phi, alpha, beta, gamma, eps_n=eps_n, eps_hc=eps_hc, eps=eps,
+                                iters=iters)
+
+
+def hc_expand_pre_norm(h, n_hc: int, phi, alpha, beta, gamma, *, eps_n: float, eps_hc: float, eps: float,
+                       iters: int) -> tuple[np.ndarray, PreMix]:
+    """The first site: expand of the BF16 embedding row, then the pre-mix and norm."""
+    streams = hc_expand(h, n_hc)
+    return streams, hc_pre_norm(streams, phi, alpha, beta, gamma, eps_n=eps_n, eps_hc=eps_hc, eps=eps,
+                                iters=iters)
+
+
+def hc_head_norm(x, gamma, eps: float, weight: str = "one_plus") -> tuple[np.ndarray, np.ndarray]:
+    """The stream mean, then the final RMSNorm in rms_norm's order: (head row, normed row)."""
+    head = hc_head(x)
+    return head, rms_norm(head, gamma, eps, weight)

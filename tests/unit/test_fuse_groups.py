@@ -69,6 +69,18 @@ def test_dsa_projections_merge_horizontally(tiny_bp):
         assert len(inputs) == 1 and g.family == "wxay"
 
 
+def test_hc_expand_and_head_merge(tiny_bp):
+    """The embedding's expand joins the first pre-mix; the last post-mix joins the stream mean and
+    the final norm (the rms_norm family's group)."""
+    before = _before(tiny_bp)
+    after = fuse_groups(before)
+    for rule, ops in (("hc_expand_pre", ["hc_expand", "hc_pre", "linear:hc_mix", "rms_norm"]),
+                      ("hc_head_norm", ["final_norm", "hc_contract", "hc_post"])):
+        (g,) = [g for g in after.groups if g.rule == f"fused:{rule}"]
+        assert _ops(tiny_bp, g) == ops and g.family == "glm_mhc"
+        assert set(g.nodes) == {n for m in g.fused_from for b in before.groups if b.id == m for n in b.nodes}
+
+
 def test_fuse_off_keeps_groups_and_reports(tiny_bp):
     before = _before(tiny_bp, fuse=False)
     after = fuse_groups(before)
@@ -102,11 +114,11 @@ def test_plan_after_fusion(tiny_bp):
                 crosses = plan.grouping.crosses(t)
                 if crosses:
                     assert buffer_name(tiny_bp, t) in names
-    fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
-    # the boundary's internal stream edge still has a buffer: the next post-mix reads it
-    for g in fused:
-        post = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "hc_post")
-        assert f"{post.id}.y" in names
+    # a boundary's (or the expand's) internal stream edge still has a buffer: the next post-mix reads it
+    for g in plan.groups:
+        if g.rule in ("fused:hc_boundary", "fused:hc_expand_pre"):
+            src = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op in ("hc_post", "hc_expand"))
+            assert any(b.startswith(f"{src.id}.") for b in names), src.id
 
 
 def test_every_rule_lowers(tiny_bp):

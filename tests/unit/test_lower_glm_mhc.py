@@ -1,4 +1,5 @@
-"""Lowering of the glm_mhc groups (expand, pre-mix + site norm, post-mix, head) on the tiny blueprint."""
+"""Lowering of the glm_mhc groups (expand, pre-mix + site norm, post-mix, head) on the tiny blueprint,
+and of the groups the fusion pass merges (boundary, expand + first pre-mix, last post-mix + head + final norm)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,7 @@ import pytest
 from kbpc.ir.buffers import buffer_name
 from kbpc.ir.state import hc_pre_state
 from kbpc.codegen.render_args import render_arg as r
-from kbpc.codegen.args import lit
+from kbpc.codegen.args import NULL, Aggregate, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import glm_mhc
 from kbpc.codegen.families._rows import row_grid, vec_width
@@ -20,7 +21,7 @@ RULES = {"glm_hc_expand", "glm_hc_pre_norm_c1_input", "glm_hc_pre_norm_c1_post",
 
 
 def test_plan_has_pre_state(tiny):
-    """plan_memory gives every pre-mix its counters and mu workspace, sized as the lowering needs."""
+    """plan_memory gives every pre-mix its counters and partial-sum workspace, sized as the lowering needs."""
     plan, _ = tiny
     state = {s.name: s for s in plan.state}
     for g in plan.groups:
@@ -50,7 +51,8 @@ def test_rules_covered(tiny):
     for g in family_groups(plan, "glm_mhc"):
         launches = glm_mhc.lower(ctx, g)
         assert len(launches) == 1 and unwritten(plan, g, launches) == []
-        assert launches[0].instance.header == "glm_mhc.cuh" and launches[0].nodes == tuple(g.nodes)
+        assert launches[0].instance.header in ("glm_mhc.cuh", "glm_mhc_boundary.cuh")
+        assert launches[0].nodes == tuple(g.nodes)
 
 
 def test_vec_and_grid():
@@ -96,41 +98,56 @@ def test_post_mix(tiny):
         assert points_into(post, f"{pre}.post") and points_into(comb, f"{pre}.comb")
 
 
+def _pre_fields(ctx, g, head, h):
+    """The PreParams fields the boundary launch of pre-mix group g must carry, rendered."""
+    mix, pre, norm = (ctx.node(g, op) for op in ("linear:hc_mix", "hc_pre", "rms_norm"))
+    c = ctx.c
+    fields = (*head, ctx.weight(mix, ctype=BF), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
+              ctx.weight(norm, ctype=BF), flt(c.hc_norm_eps), flt(c.hc_eps), flt(c.hc_site_norm_eps),
+              lit(c.sinkhorn_iters), NULL, ctx.state(pre.id + ".counters", "unsigned int"), NULL,
+              ctx.buf(ctx.output(norm)), ctx.buf(ctx.output(pre, "post"), "float"),
+              ctx.buf(ctx.output(pre, "comb"), "float"), h, ctx.state(pre.id + ".work", "float"))
+    return tuple(map(r, fields))
+
+
+def _shape(ctx, g):
+    x, normed = ctx.input(ctx.node(g, "linear:hc_mix")), ctx.output(ctx.node(g, "rms_norm"))
+    return x.dim_value // normed.dim_value, normed.dim_value
+
+
+def _check_boundary(ctx, plan, g, launch, src, head, h):
+    n, d = _shape(ctx, g)
+    assert launch.instance.kernel == f"kbp::mhc::hc_boundary<{n}, {d}, {src}, 1, 4>"
+    assert launch.instance.params == (f"kbp::mhc::PreParams<{n}, 1>",)
+    assert launch.instance.header == "glm_mhc_boundary.cuh"
+    # 8 column groups x ceil(((2+n)n + 1) / 4) chain groups, one row
+    assert (launch.grid, launch.block, launch.smem) == ((8 * -(-((2 + n) * n + 1) // 4), 1, 1), (288, 1, 1), 0)
+    assert tuple(map(r, launch.args[0].fields)) == _pre_fields(ctx, g, head, h)
+    assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
+
+
 def test_pre_norm(tiny):
+    """A pre-mix group alone reads its streams as they are (kSrcStreams); mu and the collapsed row
+    are on chip (their edges have no buffer)."""
     plan, ctx = tiny
-    groups = by_rule(plan, "glm_hc_pre_norm_c1_input") + by_rule(plan, "glm_hc_pre_norm_c1_post")
-    for g in groups:
+    for g in by_rule(plan, "glm_hc_pre_norm_c1_input") + by_rule(plan, "glm_hc_pre_norm_c1_post"):
         (launch,) = glm_mhc.lower(ctx, g)
-        mix, pre, norm = (ctx.node(g, op) for op in ("linear:hc_mix", "hc_pre", "rms_norm"))
-        x, normed = ctx.input(mix), ctx.output(norm)
-        d = normed.dim_value
-        n = x.dim_value // d
-        params = f"kbp::mhc::PreParams<{n}, 1>"
-        assert launch.instance.kernel == f"kbp::mhc::hc_pre_norm<{n}, {d}, false, 1>"
-        assert launch.instance.params == (params,)
-        assert (launch.grid, launch.block, launch.smem) == (((2 + n) * n, 1, 1), (288, 1, 1), 0)
-        c = ctx.c
-        want = (f"{params}{{{r(ctx.buf(x, 'const float'))}, {{{{nullptr}}}}, nullptr, nullptr, nullptr, "
-                f"{r(ctx.weight(mix, ctype=BF))}, {r(ctx.weight(pre, 'alpha', 'float'))}, "
-                f"{r(ctx.weight(pre, 'beta', 'float'))}, {r(ctx.weight(norm, ctype=BF))}, {r(flt(c.hc_norm_eps))}, "
-                f"{r(flt(c.hc_eps))}, {r(flt(c.hc_site_norm_eps))}, {c.sinkhorn_iters}, "
-                f"{r(ctx.state(pre.id + '.mix', 'float'))}, {r(ctx.state(pre.id + '.counters', 'unsigned int'))}, "
-                f"nullptr, {r(ctx.buf(normed))}, {r(ctx.buf(ctx.output(pre, 'post'), 'float'))}, "
-                f"{r(ctx.buf(ctx.output(pre, 'comb'), 'float'))}}}")
-        assert tuple(map(r, launch.args)) == (want,)
+        x = ctx.input(ctx.node(g, "linear:hc_mix"))
+        no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
+        _check_boundary(ctx, plan, g, launch, 0, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL)
 
 
 def test_pre_norm_needs_its_state(tiny_path):
     plan, _ = planned(str(tiny_path))
-    bare = dataclasses.replace(plan, state=tuple(s for s in plan.state if not s.name.endswith((".counters", ".mix"))))
+    bare = dataclasses.replace(plan, state=tuple(s for s in plan.state if not s.name.endswith((".counters", ".work"))))
     (g, *_) = by_rule(bare, "glm_hc_pre_norm_c1_input")
     with pytest.raises(LoweringError, match="no state buffer"):
         glm_mhc.lower(LowerCtx(bare), g)
 
 
 def test_fused_boundary(tiny_path):
-    """A post-mix merged with the next pre-mix lowers to one FUSE_POST launch: the pre-mix reads the
-    post's input streams and the sublayer output, and writes the post's stream buffer."""
+    """A post-mix merged with the next pre-mix lowers to one kSrcPost launch: it reads the post's input
+    streams, the sublayer output and the post's gates, and writes the post's stream buffer."""
     plan, ctx = planned(str(tiny_path), fuse=True)
     bp = plan.blueprint
     fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
@@ -138,14 +155,49 @@ def test_fused_boundary(tiny_path):
     for g in fused:
         (launch,) = glm_mhc.lower(ctx, g)
         post = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "hc_post")
-        mix = ctx.node(g, "linear:hc_mix")
-        x = ctx.input(mix)
-        n, d = x.dim_value // ctx.output(ctx.node(g, "rms_norm")).dim_value, ctx.output(ctx.node(g, "rms_norm")).dim_value
-        assert launch.instance.kernel == f"kbp::mhc::hc_pre_norm<{n}, {d}, true, 1>"
-        assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
-        params = launch.args[0].fields
-        stream_in = next(t for t in ctx.inputs(post) if bp.node(t.src).op in ("hc_post", "hc_expand"))
-        assert params[0] == ctx.buf(stream_in, "const float")
-        assert params[4] == ctx.buf(ctx.output(post), "float") and params[4] != params[0]
-        assert points_into(params[1], buffer_name(bp, next(t for t in ctx.inputs(post)
-                                                           if bp.node(t.src).op not in ("hc_post", "hc_expand", "hc_pre"))))
+        x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
+        head = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u), ctx.buf(gate, "const float"),
+                ctx.buf(comb, "const float"), ctx.buf(y, "float"))
+        _check_boundary(ctx, plan, g, launch, 1, head, NULL)
+        assert x != y and points_into(launch.args[0], buffer_name(bp, u))
+
+
+def test_fused_expand_pre(tiny_path):
+    """The embedding's expand merged with the first pre-mix: the kernel reads the BF16 row and writes
+    the expand's stream buffer (the first post-mix reads it)."""
+    plan, ctx = planned(str(tiny_path), fuse=True)
+    (g,) = [g for g in plan.groups if g.rule == "fused:hc_expand_pre"]
+    (launch,) = glm_mhc.lower(ctx, g)
+    expand = next(n for n in ctx.nodes(g) if n.op == "hc_expand")
+    no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
+    head = (NULL, no_parts, NULL, NULL, ctx.buf(ctx.output(expand), "float"))
+    _check_boundary(ctx, plan, g, launch, 2, head, ctx.buf(ctx.input(expand), f"const {BF}"))
+
+
+def test_fused_head_norm(tiny_path):
+    """The last post-mix, the stream mean and the final norm: one CTA per row of the rms_norm block size,
+    the norm's weight form and epsilon; the post's streams and the mean stay on chip."""
+    plan, ctx = planned(str(tiny_path), fuse=True)
+    (g,) = [g for g in plan.groups if g.rule == "fused:hc_head_norm"]
+    (launch,) = glm_mhc.lower(ctx, g)
+    post, contract, norm = (ctx.node(g, op) for op in ("hc_post", "hc_contract", "final_norm"))
+    x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
+    d = ctx.output(contract).dim_value
+    n = x.dim_value // d
+    threads = min(1024, -(-(d // 2) // 32) * 32)
+    assert launch.instance.kernel == f"kbp::mhc::hc_head_norm<{n}, {d}, {threads}, true, true, 1>"
+    assert (launch.grid, launch.block, launch.smem) == ((1, 1, 1), (threads, 1, 1), 0)
+    fields = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u), ctx.buf(gate, "const float"),
+              ctx.buf(comb, "const float"), NULL, ctx.weight(norm, ctype=BF), flt(ctx.c.rms_eps), NULL,
+              ctx.buf(ctx.output(norm)))
+    assert tuple(map(r, launch.args[0].fields)) == tuple(map(r, fields))
+    assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
+
+
+def test_boundary_limits(tiny_path, monkeypatch):
+    """Sizes the boundary kernel cannot hold are lowering errors, not wrong kernels."""
+    plan, ctx = planned(str(tiny_path))
+    (g, *_) = by_rule(plan, "glm_hc_pre_norm_c1_input")
+    monkeypatch.setattr(glm_mhc, "MAX_FLAT", 8)
+    with pytest.raises(LoweringError, match="at most 8"):
+        glm_mhc.lower(ctx, g)

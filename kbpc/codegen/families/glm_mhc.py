@@ -1,16 +1,20 @@
-"""glm_mhc: the hyper-connection groups (kernels/glm_mhc.cuh), one launch each.
+"""glm_mhc: the hyper-connection groups (kernels/glm_mhc.cuh, kernels/glm_mhc_boundary.cuh), one
+launch each.
 
-- hc boundary (a group the fusion pass merged: hc_post + linear:hc_mix + hc_pre + rms_norm):
-  hc_pre_norm with FUSE_POST: the previous site's post-mix is computed in the pre-mix kernel, which
-  writes the new streams (the post node's buffer, read by the next post-mix) and mixes from them.
-
+- A pre-mix group (linear:hc_mix + hc_pre + rms_norm) lowers to hc_boundary: mix GEMV, gates,
+  Sinkhorn, collapse and the site RMSNorm over 8 column groups x chains of CTAs with a last-CTA
+  tail. What the fusion pass merged in front of it picks where the streams come from:
+  * nothing (glm_hc_pre_norm_c1_*): the streams buffer as it is (kSrcStreams);
+  * the previous site's hc_post (fused:hc_boundary): its post-mix, computed in the kernel, which
+    writes the post node's stream buffer (the next post-mix reads it) and mixes from it (kSrcPost);
+  * the embedding's hc_expand (fused:hc_expand_pre): the BF16 row widened into every stream, the
+    expand's buffer written likewise (kSrcExpand).
+  mu (the mix edge) and the collapsed row are written only when their edges have buffers; the
+  per-row arrival counters (`<hc_pre>.counters`, zero at reset, left zero by the kernel) and the
+  partial sums (`<hc_pre>.work`) are state buffers (kbpc.ir.state.hc_pre_state).
+- fused:hc_head_norm (hc_post + hc_contract + final_norm): hc_head_norm, the last post-mix, the
+  stream mean and the final RMSNorm in one CTA per row (the rms_norm family's reduction order).
 - glm_hc_expand (hc_expand): hc_expand widens the BF16 embedding row into the N FP32 streams.
-- glm_hc_pre_norm_c1_input / _c1_post (linear:hc_mix + hc_pre + rms_norm): hc_pre_norm without the
-  fused post-mix (the streams come from a separate glm_hc_post group): mix GEMV, gates, Sinkhorn,
-  collapse and the site RMSNorm. mu (the mix edge) and the collapsed row stay on chip when their
-  edges are fused; mu then lives in the `<hc_pre>.mix` state buffer (the last CTA of a token reads
-  every CTA's mu back), and the per-token arrival counters in `<hc_pre>.counters` (zero at reset,
-  left zero by the kernel).
 - glm_hc_post (hc_post): hc_post with R = 1 rank (no tensor parallelism: u is the sublayer's BF16
   output as is), writing the node's own stream buffer (never in place: the blueprint's stream
   edges are `<prev>.y` in, `<this post>.y` out).
@@ -24,28 +28,38 @@ from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
 from kbpc.codegen.families.dsa_state import state_buffer
+from kbpc.codegen.families.rms_norm import one_plus
 from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.buffers import buffer_name
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
-from kbpc.ir.buffers import buffer_name
 from kbpc.ir.state import StateBuffer, hc_pre_state
+from kbpc.reference.rms_norm import block_threads  # the final norm's reduction order
 
 HEADER = "glm_mhc.cuh"
+BOUNDARY_HEADER = "glm_mhc_boundary.cuh"
 ROW_THREADS = 32       # expand / post / head: D / 128 small CTAs spread a few KB over many SMs
 ROW_VEC = 4            # 16-byte FP32 stream accesses
 PRE_THREADS = 288      # kbp::mhc::kPreThreads: 256 tree threads + the Sinkhorn warp
+COL_GROUPS = 8         # kbp::mhc::kColGroups: CTAs per chain group
+CHAINS_PER_CTA = 4     # hc_boundary's RPC: 56 CTAs per row at n_hc 4 (24 mix rows + the sum of squares)
+MAX_FLAT = 81920       # kbp::mhc::kMaxBoundaryFlat: n_hc * hidden stream values (shared memory)
+SRC = {None: 0, "hc_post": 1, "hc_expand": 2}  # kbp::mhc::StreamSource of the merged node's op
 STREAM_OPS = ("hc_post", "hc_expand")
 RANKS = 1              # tensor parallelism is not implemented: one partial sublayer output
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     nodes = ctx.nodes(group)
-    if any(n.op == "hc_pre" for n in nodes):
-        posts = [n for n in nodes if n.op == "hc_post"]
-        require(len(posts) <= 1 and len(nodes) == 3 + len(posts),
-                f"glm_mhc has no kernel for the nodes {[n.op for n in nodes]}", group)
-        return [_pre_norm(ctx, group, posts[0] if posts else None)]
-    require(len(nodes) == 1, f"glm_mhc has no kernel for the nodes {[n.op for n in nodes]}", group)
+    ops = sorted(n.op for n in nodes)
+    if "hc_pre" in ops:
+        front = [n for n in nodes if n.op in STREAM_OPS]
+        require(len(front) <= 1 and len(nodes) == 3 + len(front),
+                f"glm_mhc has no kernel for the nodes {ops}", group)
+        return [_boundary(ctx, group, front[0] if front else None)]
+    if ops == ["final_norm", "hc_contract", "hc_post"]:
+        return [_head_norm(ctx, group)]
+    require(len(nodes) == 1, f"glm_mhc has no kernel for the nodes {ops}", group)
     node = nodes[0]
     if node.op == "hc_expand":
         return [_expand(ctx, group, node)]
@@ -54,6 +68,25 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     if node.op == "hc_contract":
         return [_head(ctx, group, node)]
     raise LoweringError(f"glm_mhc has no kernel for op {node.op}", f"node {node.id}")
+
+
+def boundary_instance(n: int, d: int, src: int, ranks: int = RANKS, rpc: int = CHAINS_PER_CTA) -> KernelInstance:
+    """kbp::mhc::hc_boundary<N, D, SRC, R, RPC>, taking one PreParams<N, R> by value."""
+    return KernelInstance("glm_mhc", BOUNDARY_HEADER, f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {rpc}>",
+                          (f"kbp::mhc::PreParams<{n}, {ranks}>",))
+
+
+def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA) -> tuple[int, int, int]:
+    """kbp::mhc::boundary_ctas(N, RPC) CTAs per row: 8 column groups x the chains in groups of RPC."""
+    return COL_GROUPS * -(-((2 + n) * n + 1) // rpc), rows, 1
+
+
+def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = RANKS) -> KernelInstance:
+    """kbp::mhc::hc_head_norm<N, D, THREADS, ONE_PLUS, POST, R> (THREADS: the rms_norm block rule)."""
+    flags = ", ".join("true" if f else "false" for f in (weight_one_plus, post))
+    return KernelInstance("glm_mhc", BOUNDARY_HEADER,
+                          f"kbp::mhc::hc_head_norm<{n}, {d}, {block_threads(d)}, {flags}, {ranks}>",
+                          (f"kbp::mhc::HeadParams<{n}, {ranks}>",))
 
 
 def streams_of(stream: Tensor, row: Tensor, node: Node) -> tuple[int, int]:
@@ -130,16 +163,29 @@ def _state(ctx: LowerCtx, want: StateBuffer, ctype: str, node: Node) -> StatePtr
 
 
 def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[Arg, ...]:
-    """PreParams' x, parts, post_in, comb_in, x_out for a pre-mix that runs the previous post-mix."""
+    """PreParams' / HeadParams' x, parts, post_in, comb_in, x_out for a kernel that runs the post-mix
+    producing its streams `x` (x_out: the post node's buffer, or NULL when nothing outside reads it)."""
     px, u, post, comb, y = _post_operands(ctx, post_node)
-    require(x.src == post_node.order, "the fused post-mix must produce the streams the pre-mix reads", post_node)
-    require(materialized(ctx, y), f"the post-mix output {y.id} must have a buffer (the next post-mix reads it)",
-            post_node)
+    require(x.src == post_node.order, "the fused post-mix must produce the streams the kernel reads", post_node)
     return (ctx.buf(px, "const float"), _parts(ctx, u), ctx.buf(post, "const float"),
-            ctx.buf(comb, "const float"), ctx.buf(y, "float"))
+            ctx.buf(comb, "const float"), ctx.buf(y, "float") if materialized(ctx, y) else NULL)
 
 
-def _pre_norm(ctx: LowerCtx, group: LoweredGroup, post_node: Node | None) -> Launch:
+def _stream_source(ctx: LowerCtx, front: Node | None, x: Tensor) -> tuple[tuple[Arg, ...], Arg]:
+    """(x, parts, post_in, comb_in, x_out) and h of PreParams for the streams `x` the pre-mix reads."""
+    no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
+    if front is None:
+        return (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL
+    require(materialized(ctx, x), f"the streams {x.id} must have a buffer (the next post-mix reads them)", front)
+    if front.op == "hc_post":
+        return _fused_post(ctx, front, x), NULL
+    h = ctx.input(front)
+    require(x.src == front.order and h.format == "bf16", f"{front.id} must expand a BF16 row into {x.id}", front)
+    require(ctx.rows(h) == ctx.rows(x), f"{h.id} has {ctx.rows(h)} rows, {x.id} {ctx.rows(x)}", front)
+    return (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
+
+
+def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
     mix, pre, norm = ctx.node(group, "linear:hc_mix"), ctx.node(group, "hc_pre"), ctx.node(group, "rms_norm")
     x, mu = ctx.input(mix), ctx.output(mix)
     streams, _ = split_inputs(ctx, pre, *STREAM_OPS)
@@ -150,27 +196,42 @@ def _pre_norm(ctx: LowerCtx, group: LoweredGroup, post_node: Node | None) -> Lau
     width = (2 + n) * n
     require(mu.dim_value == width, f"mix width {mu.dim_value} is not (2+n)n for n_hc {n}", mix)
     require(n * n <= 32, f"n_hc {n}: the Sinkhorn warp holds the n x n comb matrix (n*n <= 32)", pre)
+    require(n * d <= MAX_FLAT, f"n_hc x hidden = {n * d}: the boundary kernel holds at most {MAX_FLAT}", pre)
     require(post.dim_value == n and comb.dim_value == n * n, f"post {post.dim_value}, comb {comb.dim_value}", pre)
     require(mix.precision.weight == "bf16", f"the mix matrix is {mix.precision.weight}, the kernel reads BF16", mix)
     iters = ctx.c.sinkhorn_iters
     require(iters >= 1, f"Sinkhorn needs at least one iteration, got {iters}", pre)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (post, comb, normed)), f"row counts disagree ({rows} streams)", pre)
-    counters_state, mix_state = hc_pre_state(pre, rows, width)
-    mu_ptr = ctx.buf(mu, "float") if materialized(ctx, mu) else _state(ctx, mix_state, "float", pre)
-    counters = _state(ctx, counters_state, "unsigned int", pre)
-    collapsed = ctx.buf(u) if materialized(ctx, u) else NULL
+    counters_state, work_state = hc_pre_state(pre, rows, width)
+    head, h = _stream_source(ctx, front, x)
     params = f"kbp::mhc::PreParams<{n}, {RANKS}>"
-    # Field order of PreParams: x, parts, post_in, comb_in, x_out (the fused post-mix, else unused),
-    # phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb.
-    head = (_fused_post(ctx, post_node, x) if post_node is not None else
-            (ctx.buf(x, "const float"), Aggregate(None, (Aggregate(None, (NULL,)),)), NULL, NULL, NULL))
+    # Field order of PreParams: x, parts, post_in, comb_in, x_out, phi, alpha, beta, gamma, eps_n,
+    # eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb, h, work.
     fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF16), flt(ctx.c.hc_norm_eps), flt(ctx.c.hc_eps), flt(ctx.c.hc_site_norm_eps),
-              lit(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
-              ctx.buf(comb, "float"))
-    fuse = "true" if post_node is not None else "false"
-    inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, {fuse}, {RANKS}>", (params,))
-    nodes = ((post_node.id,) if post_node is not None else ()) + (mix.id, pre.id, norm.id)
-    return Launch(inst, grid=(width, rows, 1), block=(PRE_THREADS, 1, 1), smem=0,
-                  args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
+              lit(iters), ctx.buf(mu, "float") if materialized(ctx, mu) else NULL,
+              _state(ctx, counters_state, "unsigned int", pre), ctx.buf(u) if materialized(ctx, u) else NULL,
+              ctx.buf(normed), ctx.buf(post, "float"), ctx.buf(comb, "float"), h,
+              _state(ctx, work_state, "float", pre))
+    nodes = ((front.id,) if front is not None else ()) + (mix.id, pre.id, norm.id)
+    return Launch(boundary_instance(n, d, SRC[front.op if front else None]), grid=boundary_grid(n, rows),
+                  block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
+
+
+def _head_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
+    """The last post-mix, the stream mean and the final RMSNorm (the rms_norm family's math)."""
+    post, contract, norm = (ctx.node(group, op) for op in ("hc_post", "hc_contract", "final_norm"))
+    x, head, normed = ctx.input(contract), ctx.output(contract), ctx.output(norm)
+    require(ctx.input(norm).src == contract.order, f"{norm.id} does not normalise the stream mean", norm)
+    n, d = streams_of(x, head, contract)
+    require(d % 2 == 0 and normed.dim_value == d, f"the final norm reads BF16 pairs of a {d}-wide row", norm)
+    rows = ctx.rows(x)
+    require(all(ctx.rows(t) == rows for t in (head, normed)), f"row counts disagree ({rows} streams)", contract)
+    params = f"kbp::mhc::HeadParams<{n}, {RANKS}>"
+    # Field order of HeadParams: x, parts, post_in, comb_in, x_out, gamma, eps, head, normed.
+    fields = (*_fused_post(ctx, post, x), ctx.weight(norm, ctype=BF16), flt(ctx.c.rms_eps),
+              ctx.buf(head) if materialized(ctx, head) else NULL, ctx.buf(normed))
+    return Launch(head_norm_instance(n, d, one_plus(norm), post=True), grid=(rows, 1, 1),
+                  block=(block_threads(d), 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id,
+                  nodes=(post.id, contract.id, norm.id))

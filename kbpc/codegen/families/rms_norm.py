@@ -29,15 +29,17 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     return [_norm(ctx, group, node) for node in nodes]
 
 
-def _one_plus(node: Node) -> str:
-    return "false" if node.kernel and "vanilla" in node.kernel else "true"
+def one_plus(node: Node) -> bool:
+    """The weight form: w = 1 + gamma, except for the vanilla kernel (w = gamma)."""
+    return not (node.kernel and "vanilla" in node.kernel)
 
 
 def _norm(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     x, y = ctx.input(node), ctx.output(node)
     d = x.dim_value
     threads = block_threads(d)
-    inst = KernelInstance("rms_norm", "rms_norm.cuh", f"kbp::rms_norm<{d}, {threads}, {_one_plus(node)}, {NORM_ONLY}>",
+    form = "true" if one_plus(node) else "false"
+    inst = KernelInstance("rms_norm", "rms_norm.cuh", f"kbp::rms_norm<{d}, {threads}, {form}, {NORM_ONLY}>",
                           (f"{BF}*", "long", "long", f"const {BF}*", "long", f"{BF}*", "long",
                            f"const {BF}*", "float", f"{BF}*", "long", "long"))
     return Launch(inst, grid=(1, 1, 1), block=(threads, 1, 1), smem=0,
@@ -61,7 +63,7 @@ def _norm_quant(ctx: LowerCtx, group: LoweredGroup, norm: Node, quant: Node) -> 
     require(d % 2 == 0 and rows * d % 4 == 0, f"D = {d}: BF16 pairs and 4-byte aligned FP32 scales", quant)
     out = ctx.quant(q)
     normed = ctx.buf(y) if materialized(ctx, y) else NULL
-    inst = norm_quant_instance(d, _one_plus(norm) == "true")
+    inst = norm_quant_instance(d, one_plus(norm))
     return Launch(inst, grid=(rows, 1, 1), block=(block_threads(d), 1, 1), smem=0,
                   args=(ctx.buf(x), lit(d), ctx.weight(norm, ctype=BF), flt(ctx.c.rms_eps), normed, lit(d),
                         out.codes, out.scales),
