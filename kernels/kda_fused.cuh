@@ -27,7 +27,7 @@
 //     compile-time clusters of CLUSTER = (HV / HK) * CPH CTAs (__cluster_dims__), one per key head.
 //     Requires HV % HK == 0, DV % CPH == 0 with COLS = DV / CPH a multiple of 32, (DK / CPH) % 16
 //     == 0, DK % 32 == 0, DV <= 1024, KF % 128 == 0, KG % 128 == 0, CLUSTER <= 8, and the static
-//     shared memory KdaFusedSplit::smem_bytes(W) (about 4 * DK * COLS) within 48 KB.
+//     shared memory sizeof(KdaFusedSmem) (about 4 * DK * COLS bytes) within 48 KB.
 // Work split: cluster c serves key head c and its HV/HK value heads; CTA rank r serves value head
 // hv = c * HV/HK + r / CPH, slice s = r % CPH: value columns j in [s*COLS, (s+1)*COLS) (one thread
 // each; the CTA's DK x COLS state slice is staged in shared memory by cp.async while the conv and
@@ -80,10 +80,6 @@ struct KdaFusedSplit {
     static constexpr int QK_CHUNKS = 2 * DK / 32;     // 32-channel chunks of the q and k heads
     static constexpr int QK_PER_WARP = (QK_CHUNKS + WARPS - 1) / WARPS;
     static constexpr int C = 2 * HK * DK + HV * DV;   // packed channels
-    // Static shared memory for conv width W (<= 48 KB): the CTA's state slice dominates.
-    __host__ __device__ static constexpr int smem_bytes(int W) {
-        return 4 * (DK * COLS + 3 * DK + (W + 1) * 2 * DK + QK_CHUNKS + F_ROWS + COLS + WARPS);
-    }
 };
 
 template <int HK, int HV, int DK, int DV, int CPH>
@@ -332,10 +328,11 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
     static_assert(DK % 32 == 0 && DV <= 1024 && W >= 1, "32-channel norm chunks; DV/32 warp sums");
     static_assert(KF % 128 == 0 && KG % 128 == 0, "128-wide K chunks of the gate GEMVs");
     static_assert(Sp::CLUSTER >= 1 && Sp::CLUSTER <= 8, "a portable cluster");
-    static_assert(Sp::smem_bytes(W) <= 48 * 1024, "static shared memory: the state slice must fit");
+    using Smem = KdaFusedSmem<DK, COLS, W, Sp::QK_CHUNKS, F_ROWS>;
+    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory: the state slice must fit");
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    __shared__ KdaFusedSmem<DK, COLS, W, Sp::QK_CHUNKS, F_ROWS> sm;
+    __shared__ Smem sm;
     const KdaFusedPlace<HK, HV, DK, DV, CPH> at((int)cluster.block_rank());
     float* const state_slice = p.state + (long)at.hv * DK * DV + at.slice * COLS;
 

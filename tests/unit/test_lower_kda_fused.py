@@ -1,0 +1,110 @@
+"""Lowering of a merged KDA chain group (pack, conv + L2 norm, gates, recurrence, o-norm) to the
+fused kernel, on the tiny blueprint. Until the fusion pass merges the groups, `merged_plan` does
+what it will: one group per layer holding the five groups' nodes, then the schedule and the arena
+planned again (so the chain's inner edges lose their buffers)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kbpc.codegen.args import NULL, StatePtr, lit
+from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.families import kda_fused as fused
+from kbpc.ir.plan import LoweredGroup, Plan
+from kbpc.passes.plan_memory import plan_memory
+from kbpc.passes.schedule_streams import schedule_streams
+from kbpc.reference.kda_recurrent import query_scale
+from kbpc.testing.lowering import planned, points_into
+
+CHAIN = ("kda_pack", "causal_conv1d_l2norm", "kda_gates_w8a8", "kda_recurrent", "kda_o_norm")
+
+
+def merged_plan(plan: Plan, keep: tuple[str, ...] = ()) -> Plan:
+    """Each KDA layer's five chain groups as one "kda_fused" group. `keep`: buffers of inner edges
+    (e.g. "l0.kda.recur.core") that stay, as if a later group read them (only their names matter
+    to a lowering test: their arena offsets are the unmerged plan's)."""
+    bp = plan.blueprint
+    groups: list[LoweredGroup] = []
+    chains: dict[str, list[LoweredGroup]] = {}
+    for g in plan.groups:
+        if g.family in CHAIN:
+            chains.setdefault(bp.node_by_id[g.nodes[0]].block, []).append(g)
+        else:
+            groups.append(g)
+    for block, members in chains.items():
+        nodes = tuple(sorted((n for g in members for n in g.nodes), key=lambda n: bp.node_by_id[n].order))
+        groups.append(LoweredGroup(id=members[0].id, rule="kda_fused_decode", family="kda_fused", nodes=nodes,
+                                   kernels=(), variant="kda_fused", where="device"))
+    out = dataclasses.replace(plan, groups=tuple(sorted(groups, key=lambda g: g.id)))
+    out = plan_memory(schedule_streams(out))
+    if keep:
+        out = dataclasses.replace(out, buffers=out.buffers + tuple(b for b in plan.buffers if b.name in keep))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    plan = merged_plan(planned(str(tiny_path))[0])
+    return plan, LowerCtx(plan)
+
+
+def fused_groups(plan):
+    found = [g for g in plan.groups if g.family == "kda_fused"]
+    assert found
+    return found
+
+
+def test_split_choice():
+    assert fused.value_head_split(64, 64, 128, 128, 4) == 2          # the seed: 128 CTAs of 64 threads
+    assert not fused.split_fits(64, 64, 128, 128, 4, 1)              # 64 KB of state per CTA
+    assert fused.value_head_split(2, 2, 128, 128, 4) == 4            # tiny: as many CTAs as fit
+    assert fused.value_head_split(1, 3, 32, 64, 3) == 2              # grouped heads: a cluster of 6
+    assert fused.smem_bytes(64, 64, 128, 128, 4, 2) < 48 * 1024
+    with pytest.raises(LoweringError, match="no fused KDA split"):
+        fused.value_head_split(1, 16, 128, 128, 4)                   # a cluster of > 8 CTAs
+    assert fused.serves(list(fused.CHAIN_OPS)[::-1]) and not fused.serves(["concat", "l2_norm"])
+
+
+def test_merged_group_lowers_to_one_fused_launch(tiny):
+    plan, ctx = tiny
+    sym, c = plan.blueprint.symbols, plan.blueprint.config.constants
+    hk, hv, dk, dv = sym["lin_k_heads"], sym["lin_v_heads"], sym["lin_k_dim"], sym["lin_v_dim"]
+    state = [s.name for s in plan.state]
+    for g in fused_groups(plan):
+        (launch,) = fused.lower(ctx, g)
+        layer = g.nodes[0].rsplit(".", 1)[0]
+        cph = fused.value_head_split(hk, hv, dk, dv, c.conv_width)
+        assert launch.instance.kernel == f"kbp::kda_fused_decode<{hk}, {hv}, {dk}, {dv}, {dk}, {dv}, {c.conv_width}, {cph}>"
+        assert launch.grid == (hv * cph, 1, 1) and launch.block == (dv // cph, 1, 1) and launch.smem == 0
+        a = launch.args
+        assert len(a) == len(fused.PARAMS) == 30
+        for arg, buf in zip(a[:6], ("q.q", "k.k", "v.v", "f_a.fa", "g_a.ga", "b.b")):
+            assert points_into(arg, f"{layer}.{buf}")
+        assert np.float32(a[16].value) == query_scale(dk) and a[18] == lit(0)
+        assert a[20] == StatePtr(state.index(f"{layer}.short_conv.window"), f"{layer}.short_conv.window", "float")
+        assert a[21] == StatePtr(state.index(f"{layer}.recur.state"), f"{layer}.recur.state", "float")
+        assert points_into(a[22], f"{layer}.out_norm.gated")
+        assert a[23:] == (NULL,) * 7, "the chain's inner edges have no buffers in a merged plan"
+        assert launch.nodes == g.nodes
+
+
+def test_kept_intermediates_are_written(tiny_path):
+    base = planned(str(tiny_path))[0]
+    keep = tuple(f"l0.kda.{b}" for b in ("qkv.qkv", "l2.qkvn", "gates.decay", "gates.beta", "g_b.g", "recur.core"))
+    plan = merged_plan(base, keep)
+    ctx = LowerCtx(plan)
+    g = next(g for g in fused_groups(plan) if g.nodes[0].startswith("l0.kda."))
+    a = fused.lower(ctx, g)[0].args
+    assert points_into(a[23], "l0.kda.qkv.qkv") and points_into(a[24], "l0.kda.l2.qkvn")
+    assert a[25] == NULL   # f never had a buffer
+    assert points_into(a[26], "l0.kda.gates.decay") and points_into(a[27], "l0.kda.gates.beta")
+    assert points_into(a[28], "l0.kda.g_b.g") and points_into(a[29], "l0.kda.recur.core")
+
+
+def test_a_partial_chain_is_refused(tiny_path):
+    plan, ctx = planned(str(tiny_path))
+    g = next(g for g in plan.groups if g.family == "kda_recurrent")
+    with pytest.raises(LoweringError, match="whole KDA chain"):
+        fused.lower(ctx, g)
