@@ -1,10 +1,7 @@
 """Lowering of a merged KDA chain group (pack, conv + L2 norm, gates, recurrence, o-norm) to the
-fused kernel, on the tiny blueprint. Until the fusion pass merges the groups, `merged_plan` does
-what it will: one group per layer holding the five groups' nodes, then the schedule and the arena
-planned again (so the chain's inner edges lose their buffers)."""
+fused kernel, on the tiny blueprint. Until the fusion pass merges the groups,
+kbpc.testing.kda_chain.merged_plan does what it will."""
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -12,36 +9,9 @@ import pytest
 from kbpc.codegen.args import NULL, StatePtr, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import kda_fused as fused
-from kbpc.ir.plan import LoweredGroup, Plan
-from kbpc.passes.plan_memory import plan_memory
-from kbpc.passes.schedule_streams import schedule_streams
 from kbpc.reference.kda_recurrent import query_scale
+from kbpc.testing.kda_chain import merged_plan
 from kbpc.testing.lowering import planned, points_into
-
-CHAIN = ("kda_pack", "causal_conv1d_l2norm", "kda_gates_w8a8", "kda_recurrent", "kda_o_norm")
-
-
-def merged_plan(plan: Plan, keep: tuple[str, ...] = ()) -> Plan:
-    """Each KDA layer's five chain groups as one "kda_fused" group. `keep`: buffers of inner edges
-    (e.g. "l0.kda.recur.core") that stay, as if a later group read them (only their names matter
-    to a lowering test: their arena offsets are the unmerged plan's)."""
-    bp = plan.blueprint
-    groups: list[LoweredGroup] = []
-    chains: dict[str, list[LoweredGroup]] = {}
-    for g in plan.groups:
-        if g.family in CHAIN:
-            chains.setdefault(bp.node_by_id[g.nodes[0]].block, []).append(g)
-        else:
-            groups.append(g)
-    for block, members in chains.items():
-        nodes = tuple(sorted((n for g in members for n in g.nodes), key=lambda n: bp.node_by_id[n].order))
-        groups.append(LoweredGroup(id=members[0].id, rule="kda_fused_decode", family="kda_fused", nodes=nodes,
-                                   kernels=(), variant="kda_fused", where="device"))
-    out = dataclasses.replace(plan, groups=tuple(sorted(groups, key=lambda g: g.id)))
-    out = plan_memory(schedule_streams(out))
-    if keep:
-        out = dataclasses.replace(out, buffers=out.buffers + tuple(b for b in plan.buffers if b.name in keep))
-    return out
 
 
 @pytest.fixture(scope="module")

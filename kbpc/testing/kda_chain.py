@@ -1,0 +1,171 @@
+"""Test and benchmark support for the KDA decode chain (kernels/kda_fused.cuh and the five unfused
+kernels): random layer data in the blueprint's weight names, the fused kernel's arguments, a
+stand-in for the fusion pass that merges each KDA layer's chain groups, and a binder from a
+product Launch's typed arguments to test arrays (so GPU tests run the product's own launches).
+
+Everything here is host-side numpy until `bind` or `fused_args` meets device arrays (PyCUDA
+GPUArrays, passed through untouched)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from kbpc.codegen.args import ArenaPtr, FloatLit, IntLit, NullPtr, StatePtr, WeightPtr
+from kbpc.codegen.records import Launch
+from kbpc.ir.plan import LoweredGroup, Plan
+from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_encode, quantize_fp8, to_bf16
+from kbpc.reference.kda_fused import KdaLayerWeights
+from kbpc.reference.kda_recurrent import query_scale
+
+F32 = np.float32
+CHAIN_FAMILIES = ("kda_pack", "causal_conv1d_l2norm", "kda_gates_w8a8", "kda_recurrent", "kda_o_norm")
+INPUTS = ("q", "k", "v", "f_a", "g_a", "b")          # the fused kernel's row inputs, in order
+INTERMEDIATES = ("packed", "conv", "f", "decay", "beta", "og", "core")
+
+
+@dataclass(frozen=True)
+class KdaDims:
+    hk: int
+    hv: int
+    dk: int
+    dv: int
+    kf: int
+    kg: int
+    width: int
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.hk * self.dk + self.hv * self.dv
+
+    def widths(self) -> dict[str, int]:
+        """Elements of each row input and intermediate (one token)."""
+        n, c = self.hv * self.dk, self.channels
+        return {"q": self.hk * self.dk, "k": self.hk * self.dk, "v": self.hv * self.dv, "f_a": self.kf,
+                "g_a": self.kg, "b": self.hv, "packed": c, "conv": c, "f": n, "decay": n, "beta": self.hv,
+                "og": self.hv * self.dv, "core": self.hv * self.dv, "y": self.hv * self.dv}
+
+
+def _bf16(rng, shape, std=1.0) -> np.ndarray:
+    return to_bf16((rng.standard_normal(shape) * std).astype(F32))
+
+
+def integer_rows(rng, k: int) -> np.ndarray:
+    """A row whose E4M3 quantization is exact small integers times 2^-3 (s_a = 2^-3: one element is
+    +-56), so every order of the gate GEMV's sums is exact."""
+    x = rng.integers(-4, 5, k).astype(F32) * F32(0.125)
+    x[rng.integers(0, k)] = F32(56.0) * rng.choice([-1.0, 1.0])
+    return x
+
+
+@dataclass(frozen=True)
+class KdaLayerData:
+    """One layer's parameters (BF16 and E4M3 as raw bits/codes) and a starting window and state.
+    integer_gates: E4M3 gate weights are small integers, and `step_inputs` gives integer rows, so
+    the tensor core's sums are exact in any order (the chain is then bit-exact to the reference)."""
+    dims: KdaDims
+    taps: np.ndarray
+    bias: np.ndarray
+    wf: tuple[np.ndarray, np.ndarray]
+    wg: tuple[np.ndarray, np.ndarray]
+    a_log: np.ndarray
+    dt_bias: np.ndarray
+    gamma: np.ndarray
+    window: np.ndarray
+    state: np.ndarray
+    integer_gates: bool
+
+    @classmethod
+    def random(cls, rng, dims: KdaDims, integer_gates: bool) -> KdaLayerData:
+        n, c = dims.hv * dims.dk, dims.channels
+
+        def gate_weight(rows, k):
+            if integer_gates:
+                return e4m3_encode(rng.integers(-4, 5, (rows, k)).astype(F32)), rng.uniform(0.001, 0.01, rows).astype(F32)
+            return quantize_fp8((rng.standard_normal((rows, k)) * 0.05).astype(F32))
+        return cls(dims, bf16_bits(_bf16(rng, (c, dims.width), 0.5)), bf16_bits(_bf16(rng, c, 0.1)),
+                   gate_weight(n, dims.kf), gate_weight(dims.hv * dims.dv, dims.kg),
+                   rng.uniform(-1.0, 1.0, dims.hv).astype(F32), rng.uniform(-1.0, 1.0, n).astype(F32),
+                   bf16_bits(to_bf16((1.0 + 0.2 * rng.standard_normal(dims.dv)).astype(F32))),
+                   _bf16(rng, (c, dims.width)).astype(F32), (0.1 * rng.standard_normal(
+                       (dims.hv, dims.dk, dims.dv))).astype(F32), integer_gates)
+
+    def step_inputs(self, rng) -> dict[str, np.ndarray]:
+        """One token's projection rows as BF16 bits."""
+        w = self.dims.widths()
+        rows = {name: _bf16(rng, w[name]) for name in ("q", "k", "v", "b")}
+        for name in ("f_a", "g_a"):
+            rows[name] = integer_rows(rng, w[name]) if self.integer_gates else _bf16(rng, w[name], 2.0)
+        return {name: bf16_bits(rows[name]) for name in INPUTS}
+
+    def reference_weights(self, l2_eps: float, lower_bound: float, norm_eps: float) -> KdaLayerWeights:
+        return KdaLayerWeights(bf16_from_bits(self.taps), bf16_from_bits(self.bias), *self.wf, *self.wg,
+                               self.a_log, self.dt_bias, bf16_from_bits(self.gamma), self.dims.dk,
+                               l2_eps, lower_bound, norm_eps)
+
+    def named_weights(self, block: str) -> dict[str, np.ndarray]:
+        """The parameters under kbpc's weight names of KDA block `block` (e.g. "l0.kda")."""
+        return {f"{block}.short_conv.conv_weight": self.taps, f"{block}.short_conv.conv_bias": self.bias,
+                f"{block}.f_b.weight": self.wf[0], f"{block}.f_b.weight_scale": self.wf[1],
+                f"{block}.g_b.weight": self.wg[0], f"{block}.g_b.weight_scale": self.wg[1],
+                f"{block}.gates.A_log": self.a_log, f"{block}.gates.dt_bias": self.dt_bias,
+                f"{block}.out_norm.weight": self.gamma}
+
+
+def fused_args(dims: KdaDims, dev: dict, eps: tuple[float, float, float], out: dict) -> tuple:
+    """The fused kernel's arguments in parameter order. dev: device arrays by name (INPUTS, "taps",
+    "bias", "wf", "swf", "wg", "swg", "a_log", "dt_bias", "gamma", "window", "state"); eps:
+    (l2 eps, gate lower bound, norm eps); out: "y" and any of INTERMEDIATES (missing: null)."""
+    l2_eps, lower_bound, norm_eps = eps
+    scale = float(query_scale(dims.dk))
+    return (*(dev[n] for n in ("q", "k", "v", "f_a", "g_a", "b")), dev["taps"], dev["bias"], l2_eps,
+            dev["wf"], dev["swf"], dev["wg"], dev["swg"], dev["a_log"], dev["dt_bias"], lower_bound, scale,
+            dev["gamma"], 0, norm_eps, dev["window"], dev["state"], out["y"],
+            *(out.get(n) for n in INTERMEDIATES))
+
+
+def merged_plan(plan: Plan, keep: tuple[str, ...] = ()) -> Plan:
+    """A stand-in for the fusion pass: each KDA layer's five chain groups as one "kda_fused" group,
+    then the schedule and the arena planned again (the chain's inner edges lose their buffers).
+    `keep`: inner buffers (e.g. "l0.kda.recur.core") that stay, as if a later group read them; only
+    their names and sizes matter (their arena offsets are the unmerged plan's)."""
+    from kbpc.passes.plan_memory import plan_memory  # noqa: PLC0415
+    from kbpc.passes.schedule_streams import schedule_streams  # noqa: PLC0415
+
+    bp = plan.blueprint
+    groups: list[LoweredGroup] = []
+    chains: dict[str, list[LoweredGroup]] = {}
+    for g in plan.groups:
+        if g.family in CHAIN_FAMILIES:
+            chains.setdefault(bp.node_by_id[g.nodes[0]].block, []).append(g)
+        else:
+            groups.append(g)
+    for members in chains.values():
+        nodes = tuple(sorted((n for g in members for n in g.nodes), key=lambda n: bp.node_by_id[n].order))
+        groups.append(LoweredGroup(id=members[0].id, rule="kda_fused_decode", family="kda_fused", nodes=nodes,
+                                   kernels=(), variant="kda_fused", where="device"))
+    out = plan_memory(schedule_streams(dataclasses.replace(plan, groups=tuple(sorted(groups, key=lambda g: g.id)))))
+    if keep:
+        out = dataclasses.replace(out, buffers=out.buffers + tuple(b for b in plan.buffers if b.name in keep))
+    return out
+
+
+def bind(launch: Launch, plan: Plan, arrays: dict) -> tuple:
+    """A product launch's arguments with every arena buffer, weight and state buffer replaced by the
+    device array of that name in `arrays` (plus the launch's offset into the buffer)."""
+    base = {b.name: b.offset for b in plan.buffers}
+    out = []
+    for a in launch.args:
+        if isinstance(a, ArenaPtr):
+            arr = arrays[a.buffer]
+            out.append(int(arr.gpudata) + a.offset - base[a.buffer])
+        elif isinstance(a, (WeightPtr, StatePtr)):
+            out.append(arrays[a.name])
+        elif isinstance(a, (IntLit, FloatLit)):
+            out.append(a.value)
+        elif isinstance(a, NullPtr):
+            out.append(None)
+        else:
+            raise TypeError(f"the KDA chain's launches take no {type(a).__name__} argument")
+    return tuple(out)

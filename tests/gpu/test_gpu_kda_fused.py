@@ -1,0 +1,189 @@
+"""GPU tests of the fused KDA decode kernel (kernels/kda_fused.cuh) through the product's launcher:
+
+- against the reference chain (kbpc.reference.kda_fused) over 64 consecutive tokens, the conv
+  window and the recurrent state carried on the GPU, at the seed's sizes (the lowering's split and
+  a second one), the tiny example's, and odd small ones (grouped heads, d_k != d_v, conv widths 3
+  and 2, two gate ranks): bit-exact, every output and every intermediate. The gate weights and rows
+  are small integers in E4M3 here, so the tensor core's FP32 sums are exact in any order (with
+  random values the gates are within 1 BF16 ulp of the reference, as tests/gpu/test_gpu_kda.py
+  states for kda_gates_w8a8, and a differing ulp then propagates through the state);
+- the same 64 tokens launched back to back with programmatic dependent launch and no host sync;
+- against the five unfused product kernels (the lowerings of the tiny example's and the seed's
+  first KDA layer, and the fused lowering of the merged group) on random values: the same bits,
+  since the fused kernel runs the same instructions (the gates' MMA tiles included).
+Outputs are poisoned before every launch, inputs are fresh random values every step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbpc.codegen.context import LowerCtx
+from kbpc.codegen.families import LOWERINGS
+from kbpc.codegen.families.kda_fused import KdaShape, instance, value_head_split
+from kbpc.reference.formats import bf16_bits, bf16_from_bits
+from kbpc.reference.kda_fused import kda_decode_step
+from kbpc.testing.compare import assert_f32_exact
+from kbpc.testing.kda_chain import (
+    CHAIN_FAMILIES, INTERMEDIATES, KdaDims, KdaLayerData, bind, fused_args, merged_plan,
+)
+from kbpc.testing.lowering import planned
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 64
+EPS = (1e-6, -5.0, 1e-5)   # l2 eps, gate lower bound, o-norm eps
+SHAPES = {                 # name: (dims, CTAs per value head; None: the lowering's choice)
+    "seed": (KdaDims(64, 64, 128, 128, 128, 128, 4), None),
+    "seed-cph4": (KdaDims(64, 64, 128, 128, 128, 128, 4), 4),
+    "tiny": (KdaDims(2, 2, 128, 128, 128, 128, 4), None),
+    "grouped": (KdaDims(1, 3, 32, 64, 128, 256, 3), None),
+    "dv96": (KdaDims(2, 2, 64, 96, 256, 128, 2), 1),
+}
+DTYPES = {"packed": np.uint16, "conv": np.uint16, "f": np.uint16, "decay": np.float32,
+          "beta": np.float32, "og": np.uint16, "core": np.float32, "y": np.uint16}
+
+
+def _gpu():
+    from kbpc.testing import gpu  # noqa: PLC0415
+    return gpu
+
+
+def _shape(name: str) -> KdaShape:
+    d, cph = SHAPES[name]
+    return KdaShape(d.hk, d.hv, d.dk, d.dv, d.kf, d.kg, d.width,
+                    cph or value_head_split(d.hk, d.hv, d.dk, d.dv, d.width))
+
+
+def _device_layer(g, data: KdaLayerData) -> dict:
+    return {"taps": g.to_gpu(data.taps), "bias": g.to_gpu(data.bias), "wf": g.to_gpu(data.wf[0]),
+            "swf": g.to_gpu(data.wf[1]), "wg": g.to_gpu(data.wg[0]), "swg": g.to_gpu(data.wg[1]),
+            "a_log": g.to_gpu(data.a_log), "dt_bias": g.to_gpu(data.dt_bias), "gamma": g.to_gpu(data.gamma),
+            "window": g.to_gpu(data.window), "state": g.to_gpu(data.state)}
+
+
+def _outputs(g, dims: KdaDims, names) -> dict:
+    w = dims.widths()
+    return {n: g.poisoned((w[n],), DTYPES[n]) for n in names}
+
+
+def _reference_step(data, ins, window, state):
+    rows = {n: bf16_from_bits(v) for n, v in ins.items()}
+    w = data.reference_weights(*EPS)
+    return kda_decode_step(rows["q"], rows["k"], rows["v"], rows["f_a"], rows["b"], rows["g_a"], window, state, w)
+
+
+def _check_intermediates(g, out, ref, step):
+    want = {"packed": bf16_bits(ref.packed), "conv": bf16_bits(ref.conv), "f": bf16_bits(ref.gates.f.reshape(-1)),
+            "decay": ref.gates.decay.reshape(-1), "beta": ref.gates.beta.reshape(-1),
+            "og": bf16_bits(ref.gates.o_g.reshape(-1)), "core": ref.core}
+    for name in INTERMEDIATES:
+        got = g.fetch(out[name], name)
+        if DTYPES[name] == np.float32:
+            assert_f32_exact(got, want[name], f"{name} at step {step}")
+        else:
+            np.testing.assert_array_equal(got, want[name], f"{name} at step {step}")
+
+
+@pytest.mark.parametrize("intermediates", [False, True])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_fused_matches_reference(name, intermediates):
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    g = _gpu()
+    rng = np.random.default_rng()
+    shape = _shape(name)
+    dims = SHAPES[name][0]
+    data = KdaLayerData.random(rng, dims, integer_gates=True)
+    run = launcher(instance(shape))
+    dev = _device_layer(g, data)
+    window, state = data.window, data.state
+    for step in range(STEPS):
+        ins = data.step_inputs(rng)
+        dev.update({n: g.to_gpu(v) for n, v in ins.items()})
+        out = _outputs(g, dims, ("y",) + (INTERMEDIATES if intermediates else ()))
+        run(shape.grid, shape.block, *fused_args(dims, dev, EPS, out))
+        ref = _reference_step(data, ins, window, state)
+        np.testing.assert_array_equal(g.fetch(out["y"], "y"), bf16_bits(ref.y), f"y at step {step}")
+        if intermediates:
+            _check_intermediates(g, out, ref, step)
+        window, state = ref.window, ref.state
+        if step % 16 == 15 or dims.hv < 8:
+            assert_f32_exact(g.fetch(dev["window"], "window"), window, f"window at step {step}")
+            assert_f32_exact(g.fetch(dev["state"], "state"), state, f"state at step {step}")
+
+
+@pytest.mark.parametrize("name", ["seed", "grouped"])
+def test_fused_pdl_chain(name):
+    """STEPS launches back to back with the PDL attribute and no sync: each must wait (pdl_wait) for
+    the previous step's window and state before reading them."""
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    g = _gpu()
+    rng = np.random.default_rng()
+    shape, dims = _shape(name), SHAPES[name][0]
+    data = KdaLayerData.random(rng, dims, integer_gates=True)
+    run = launcher(instance(shape))
+    dev = _device_layer(g, data)
+    steps = [data.step_inputs(rng) for _ in range(STEPS)]
+    outs = [_outputs(g, dims, ("y",)) for _ in range(STEPS)]
+    for ins, out in zip(steps, outs):
+        dev.update({n: g.to_gpu(v) for n, v in ins.items()})   # fresh arrays: earlier launches keep theirs
+        run(shape.grid, shape.block, *fused_args(dims, dev, EPS, out), pdl=True, sync=False)
+    g.synchronize()
+    window, state = data.window, data.state
+    for step, (ins, out) in enumerate(zip(steps, outs)):
+        ref = _reference_step(data, ins, window, state)
+        np.testing.assert_array_equal(g.fetch(out["y"], "y"), bf16_bits(ref.y), f"y at step {step}")
+        window, state = ref.window, ref.state
+    assert_f32_exact(g.fetch(dev["window"], "window"), window, "window")
+    assert_f32_exact(g.fetch(dev["state"], "state"), state, "state")
+
+
+def _chain(plan, block):
+    return [grp for grp in plan.groups if grp.family in CHAIN_FAMILIES and grp.nodes[0].startswith(block + ".")]
+
+
+@pytest.mark.parametrize("which", ["tiny", "seed"])
+def test_fused_equals_unfused(which, tiny_path, seed_path):
+    """The product's launches for one KDA layer: the five unfused kernels (their own buffers and
+    state) and the fused kernel of the merged group (separate copies), fed the same inputs: the
+    same bits in every output, intermediate, window and state, over STEPS tokens."""
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    g = _gpu()
+    rng = np.random.default_rng()
+    plan = planned(str(tiny_path if which == "tiny" else seed_path))[0]
+    first = min((grp for grp in plan.groups if grp.family == "kda_recurrent"), key=lambda grp: grp.id)
+    block = plan.blueprint.node_by_id[first.nodes[0]].block
+    chain = _chain(plan, block)
+    ctx = LowerCtx(plan)
+    unfused = [launch for grp in chain for launch in LOWERINGS[grp.family](ctx, grp)]
+    gated = f"{block}.out_norm.gated"
+    inner = tuple(b.name for b in plan.buffers if b.producer_group in {grp.id for grp in chain} and b.name != gated)
+    merged = merged_plan(plan, keep=inner)
+    (fused,) = LOWERINGS["kda_fused"](LowerCtx(merged), next(grp for grp in merged.groups if grp.family == "kda_fused"
+                                                              and grp.nodes[0].startswith(block + ".")))
+    sym, c = plan.blueprint.symbols, plan.blueprint.config.constants
+    ins_edges = {"q": f"{block}.q.q", "k": f"{block}.k.k", "v": f"{block}.v.v", "f_a": f"{block}.f_a.fa",
+                 "g_a": f"{block}.g_a.ga", "b": f"{block}.b.b"}
+    width = {b.name: b.elements for b in plan.buffers}
+    dims = KdaDims(sym["lin_k_heads"], sym["lin_v_heads"], sym["lin_k_dim"], sym["lin_v_dim"],
+                   width[ins_edges["f_a"]], width[ins_edges["g_a"]], c.conv_width)
+    data = KdaLayerData.random(rng, dims, integer_gates=False)
+    weights = {n: g.to_gpu(v) for n, v in data.named_weights(block).items()}
+    window, state = f"{block}.short_conv.window", f"{block}.recur.state"
+    dtype = {"bf16": np.uint16, "f32": np.float32}
+    sides = {}
+    for side, launches, p in (("unfused", unfused, plan), ("fused", [fused], merged)):
+        arrays = {**weights, window: g.to_gpu(data.window), state: g.to_gpu(data.state)}
+        sides[side] = (launches, p, arrays)
+    outputs = [b for b in plan.buffers if b.name in inner or b.name == gated]
+    for step in range(STEPS):
+        ins = {ins_edges[n]: g.to_gpu(v) for n, v in data.step_inputs(rng).items()}
+        got = {}
+        for side, (launches, p, arrays) in sides.items():
+            arrays.update(ins)
+            arrays.update({b.name: g.poisoned((b.elements,), dtype[b.format]) for b in outputs})
+            for launch in launches:
+                launcher(launch.instance)(launch.grid, launch.block, *bind(launch, p, arrays), smem=launch.smem)
+            got[side] = {name: g.fetch(arrays[name], f"{side} {name}") for name in [b.name for b in outputs]
+                         + ([window, state] if step % 8 == 7 or dims.hv < 8 else [])}
+        for name, value in got["unfused"].items():
+            np.testing.assert_array_equal(got["fused"][name], value, f"{name} at step {step}")
