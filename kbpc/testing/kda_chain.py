@@ -113,6 +113,15 @@ class KdaLayerData:
                 f"{block}.out_norm.weight": self.gamma}
 
 
+def upload(data: KdaLayerData, inputs: dict[str, np.ndarray], to_gpu) -> dict:
+    """Device arrays of a layer's parameters, window, state and one token's inputs, by the names
+    fused_args reads. to_gpu: host array -> device array (kbpc.testing.gpu.to_gpu)."""
+    host = {"taps": data.taps, "bias": data.bias, "wf": data.wf[0], "swf": data.wf[1], "wg": data.wg[0],
+            "swg": data.wg[1], "a_log": data.a_log, "dt_bias": data.dt_bias, "gamma": data.gamma,
+            "window": data.window, "state": data.state, **inputs}
+    return {name: to_gpu(value) for name, value in host.items()}
+
+
 def fused_args(dims: KdaDims, dev: dict, eps: tuple[float, float, float], out: dict) -> tuple:
     """The fused kernel's arguments in parameter order. dev: device arrays by name (INPUTS, "taps",
     "bias", "wf", "swf", "wg", "swg", "a_log", "dt_bias", "gamma", "window", "state"); eps:
@@ -149,6 +158,54 @@ def merged_plan(plan: Plan, keep: tuple[str, ...] = ()) -> Plan:
     if keep:
         out = dataclasses.replace(out, buffers=out.buffers + tuple(b for b in plan.buffers if b.name in keep))
     return out
+
+
+@dataclass(frozen=True)
+class ProductChain:
+    """The product's launches for one KDA layer of a plan: the five unfused kernels (`plan`) and the
+    fused kernel of the merged group (`merged`, keeping the inner buffers so the fused kernel writes
+    them too). Buffer names: `inputs` (by INPUTS name), `inner`, and the output `gated`."""
+    block: str
+    plan: Plan
+    unfused: tuple[Launch, ...]
+    merged: Plan
+    fused: Launch
+    inputs: dict[str, str]
+    inner: tuple[str, ...]
+    gated: str
+
+    @property
+    def dims(self) -> KdaDims:
+        sym, width = self.plan.blueprint.symbols, {b.name: b.elements for b in self.plan.buffers}
+        return KdaDims(sym["lin_k_heads"], sym["lin_v_heads"], sym["lin_k_dim"], sym["lin_v_dim"],
+                       width[self.inputs["f_a"]], width[self.inputs["g_a"]],
+                       self.plan.blueprint.config.constants.conv_width)
+
+    @property
+    def state_names(self) -> tuple[str, str]:
+        """(conv window, recurrent state) buffer names."""
+        return f"{self.block}.short_conv.window", f"{self.block}.recur.state"
+
+
+def product_chain(plan: Plan) -> ProductChain:
+    """The first KDA layer's chain of `plan` (an unmerged plan), lowered both ways."""
+    from kbpc.codegen.context import LowerCtx  # noqa: PLC0415
+    from kbpc.codegen.families import LOWERINGS  # noqa: PLC0415
+
+    bp = plan.blueprint
+    first = min((g for g in plan.groups if g.family == "kda_recurrent"), key=lambda g: g.id)
+    block = bp.node_by_id[first.nodes[0]].block
+    chain = [g for g in plan.groups if g.family in CHAIN_FAMILIES and bp.node_by_id[g.nodes[0]].block == block]
+    ctx = LowerCtx(plan)
+    unfused = tuple(launch for g in chain for launch in LOWERINGS[g.family](ctx, g))
+    gated = f"{block}.out_norm.gated"
+    inner = tuple(b.name for b in plan.buffers if b.producer_group in {g.id for g in chain} and b.name != gated)
+    merged = merged_plan(plan, keep=inner)
+    group = next(g for g in merged.groups if g.family == "kda_fused" and bp.node_by_id[g.nodes[0]].block == block)
+    (fused,) = LOWERINGS["kda_fused"](LowerCtx(merged), group)
+    edges = {"q": "q.q", "k": "k.k", "v": "v.v", "f_a": "f_a.fa", "g_a": "g_a.ga", "b": "b.b"}
+    return ProductChain(block, plan, unfused, merged, fused, {n: f"{block}.{e}" for n, e in edges.items()},
+                        inner, gated)
 
 
 def bind(launch: Launch, plan: Plan, arrays: dict) -> tuple:

@@ -17,14 +17,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kbpc.codegen.context import LowerCtx
-from kbpc.codegen.families import LOWERINGS
 from kbpc.codegen.families.kda_fused import KdaShape, instance, value_head_split
 from kbpc.reference.formats import bf16_bits, bf16_from_bits
 from kbpc.reference.kda_fused import kda_decode_step
 from kbpc.testing.compare import assert_f32_exact
 from kbpc.testing.kda_chain import (
-    CHAIN_FAMILIES, INTERMEDIATES, KdaDims, KdaLayerData, bind, fused_args, merged_plan,
+    INTERMEDIATES, KdaDims, KdaLayerData, bind, fused_args, product_chain, upload,
 )
 from kbpc.testing.lowering import planned
 
@@ -52,13 +50,6 @@ def _shape(name: str) -> KdaShape:
     d, cph = SHAPES[name]
     return KdaShape(d.hk, d.hv, d.dk, d.dv, d.kf, d.kg, d.width,
                     cph or value_head_split(d.hk, d.hv, d.dk, d.dv, d.width))
-
-
-def _device_layer(g, data: KdaLayerData) -> dict:
-    return {"taps": g.to_gpu(data.taps), "bias": g.to_gpu(data.bias), "wf": g.to_gpu(data.wf[0]),
-            "swf": g.to_gpu(data.wf[1]), "wg": g.to_gpu(data.wg[0]), "swg": g.to_gpu(data.wg[1]),
-            "a_log": g.to_gpu(data.a_log), "dt_bias": g.to_gpu(data.dt_bias), "gamma": g.to_gpu(data.gamma),
-            "window": g.to_gpu(data.window), "state": g.to_gpu(data.state)}
 
 
 def _outputs(g, dims: KdaDims, names) -> dict:
@@ -94,7 +85,7 @@ def test_fused_matches_reference(name, intermediates):
     dims = SHAPES[name][0]
     data = KdaLayerData.random(rng, dims, integer_gates=True)
     run = launcher(instance(shape))
-    dev = _device_layer(g, data)
+    dev = upload(data, {}, g.to_gpu)
     window, state = data.window, data.state
     for step in range(STEPS):
         ins = data.step_inputs(rng)
@@ -121,7 +112,7 @@ def test_fused_pdl_chain(name):
     shape, dims = _shape(name), SHAPES[name][0]
     data = KdaLayerData.random(rng, dims, integer_gates=True)
     run = launcher(instance(shape))
-    dev = _device_layer(g, data)
+    dev = upload(data, {}, g.to_gpu)
     steps = [data.step_inputs(rng) for _ in range(STEPS)]
     outs = [_outputs(g, dims, ("y",)) for _ in range(STEPS)]
     for ins, out in zip(steps, outs):
@@ -137,10 +128,6 @@ def test_fused_pdl_chain(name):
     assert_f32_exact(g.fetch(dev["state"], "state"), state, "state")
 
 
-def _chain(plan, block):
-    return [grp for grp in plan.groups if grp.family in CHAIN_FAMILIES and grp.nodes[0].startswith(block + ".")]
-
-
 @pytest.mark.parametrize("which", ["tiny", "seed"])
 def test_fused_equals_unfused(which, tiny_path, seed_path):
     """The product's launches for one KDA layer: the five unfused kernels (their own buffers and
@@ -149,41 +136,24 @@ def test_fused_equals_unfused(which, tiny_path, seed_path):
     from kbpc.testing.launchers import launcher  # noqa: PLC0415
     g = _gpu()
     rng = np.random.default_rng()
-    plan = planned(str(tiny_path if which == "tiny" else seed_path))[0]
-    first = min((grp for grp in plan.groups if grp.family == "kda_recurrent"), key=lambda grp: grp.id)
-    block = plan.blueprint.node_by_id[first.nodes[0]].block
-    chain = _chain(plan, block)
-    ctx = LowerCtx(plan)
-    unfused = [launch for grp in chain for launch in LOWERINGS[grp.family](ctx, grp)]
-    gated = f"{block}.out_norm.gated"
-    inner = tuple(b.name for b in plan.buffers if b.producer_group in {grp.id for grp in chain} and b.name != gated)
-    merged = merged_plan(plan, keep=inner)
-    (fused,) = LOWERINGS["kda_fused"](LowerCtx(merged), next(grp for grp in merged.groups if grp.family == "kda_fused"
-                                                              and grp.nodes[0].startswith(block + ".")))
-    sym, c = plan.blueprint.symbols, plan.blueprint.config.constants
-    ins_edges = {"q": f"{block}.q.q", "k": f"{block}.k.k", "v": f"{block}.v.v", "f_a": f"{block}.f_a.fa",
-                 "g_a": f"{block}.g_a.ga", "b": f"{block}.b.b"}
-    width = {b.name: b.elements for b in plan.buffers}
-    dims = KdaDims(sym["lin_k_heads"], sym["lin_v_heads"], sym["lin_k_dim"], sym["lin_v_dim"],
-                   width[ins_edges["f_a"]], width[ins_edges["g_a"]], c.conv_width)
+    chain = product_chain(planned(str(tiny_path if which == "tiny" else seed_path))[0])
+    dims = chain.dims
     data = KdaLayerData.random(rng, dims, integer_gates=False)
-    weights = {n: g.to_gpu(v) for n, v in data.named_weights(block).items()}
-    window, state = f"{block}.short_conv.window", f"{block}.recur.state"
+    weights = {n: g.to_gpu(v) for n, v in data.named_weights(chain.block).items()}
+    window, state = chain.state_names
+    outputs = [b for b in chain.plan.buffers if b.name in chain.inner + (chain.gated,)]
     dtype = {"bf16": np.uint16, "f32": np.float32}
-    sides = {}
-    for side, launches, p in (("unfused", unfused, plan), ("fused", [fused], merged)):
-        arrays = {**weights, window: g.to_gpu(data.window), state: g.to_gpu(data.state)}
-        sides[side] = (launches, p, arrays)
-    outputs = [b for b in plan.buffers if b.name in inner or b.name == gated]
+    sides = {side: (launches, p, {**weights, window: g.to_gpu(data.window), state: g.to_gpu(data.state)})
+             for side, launches, p in (("unfused", chain.unfused, chain.plan), ("fused", (chain.fused,), chain.merged))}
     for step in range(STEPS):
-        ins = {ins_edges[n]: g.to_gpu(v) for n, v in data.step_inputs(rng).items()}
+        ins = {chain.inputs[n]: g.to_gpu(v) for n, v in data.step_inputs(rng).items()}
+        names = [b.name for b in outputs] + ([window, state] if step % 8 == 7 or dims.hv < 8 else [])
         got = {}
         for side, (launches, p, arrays) in sides.items():
             arrays.update(ins)
             arrays.update({b.name: g.poisoned((b.elements,), dtype[b.format]) for b in outputs})
             for launch in launches:
                 launcher(launch.instance)(launch.grid, launch.block, *bind(launch, p, arrays), smem=launch.smem)
-            got[side] = {name: g.fetch(arrays[name], f"{side} {name}") for name in [b.name for b in outputs]
-                         + ([window, state] if step % 8 == 7 or dims.hv < 8 else [])}
+            got[side] = {name: g.fetch(arrays[name], f"{side} {name}") for name in names}
         for name, value in got["unfused"].items():
             np.testing.assert_array_equal(got["fused"][name], value, f"{name} at step {step}")
