@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kbpc.codegen.args import NULL, StatePtr, lit
+from kbpc.codegen.args import NULL, ArenaPtr, StatePtr, WeightPtr, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import kda_fused as fused
 from kbpc.reference.kda_recurrent import query_scale
-from kbpc.testing.kda_chain import merged_plan
+from kbpc.testing.kda_chain import CHAIN_FAMILIES, KdaDims, bind, merged_plan, product_chain
 from kbpc.testing.lowering import planned, points_into
 
 
@@ -78,3 +78,29 @@ def test_a_partial_chain_is_refused(tiny_path):
     g = next(g for g in plan.groups if g.family == "kda_recurrent")
     with pytest.raises(LoweringError, match="whole KDA chain"):
         fused.lower(ctx, g)
+
+
+class _Dev:
+    """A stand-in device array: what bind reads of one (its address)."""
+    def __init__(self, address: int):
+        self.gpudata = address
+
+
+def test_product_chain_binds_every_argument(tiny_path):
+    """Both lowerings of the tiny example's first KDA layer bind to arrays by name: pointers become
+    arrays or addresses (views keep their offsets), scalars numbers, nulls None."""
+    chain = product_chain(planned(str(tiny_path))[0])
+    assert [launch.instance.family for launch in chain.unfused] == list(CHAIN_FAMILIES)
+    assert chain.dims == KdaDims(2, 2, 128, 128, 128, 128, 4)
+    names = {a.buffer if isinstance(a, ArenaPtr) else a.name for launch in chain.unfused + (chain.fused,)
+             for a in launch.args if isinstance(a, (ArenaPtr, WeightPtr, StatePtr))}
+    arrays = {name: _Dev((i + 1) << 32) for i, name in enumerate(sorted(names))}
+    for launch, plan in [(launch, chain.plan) for launch in chain.unfused] + [(chain.fused, chain.merged)]:
+        for ctype, value in zip(launch.instance.params, bind(launch, plan, arrays), strict=True):
+            if ctype.endswith("*"):
+                assert value is None or isinstance(value, (_Dev, int)), (launch.instance.kernel, ctype, value)
+            else:
+                assert isinstance(value, (int, float)), (launch.instance.kernel, ctype, value)
+    rec = next(launch for launch in chain.unfused if launch.instance.family == "kda_recurrent")
+    q, k = bind(rec, chain.plan, arrays)[:2]
+    assert k - q == 2 * chain.dims.hk * chain.dims.dk, "the k view is hk*dk BF16 values into the packed row"
