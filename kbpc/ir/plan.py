@@ -57,6 +57,17 @@ class LoweredGroup:
     variant: str                      # kbpc's implementation on this target
     where: str                        # device | host
     requants: tuple[str, ...] = ()    # explicit requantizations this group performs ("a->b@edge")
+    fused_from: tuple[int, ...] = ()  # the blueprint groups the fusion pass merged into this one
+
+
+@dataclass(frozen=True)
+class FusionRecord:
+    """One candidate of the fusion pass: the groups of a rule's match, and whether they were merged
+    (and why, or why not)."""
+    rule: str
+    groups: tuple[int, ...]
+    applied: bool
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class Plan:
     buffers: tuple[Buffer, ...] = ()
     arena_bytes: int = 0
     state: tuple[StateBuffer, ...] = ()
+    fusions: tuple[FusionRecord, ...] = ()
     notes: tuple[str, ...] = ()
 
     @cached_property

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from kbpc.ir.buffers import buffer_name
 from kbpc.ir.state import hc_pre_state
 from kbpc.codegen.render_args import render_arg as r
 from kbpc.codegen.args import lit
@@ -125,3 +126,26 @@ def test_pre_norm_needs_its_state(tiny_path):
     (g, *_) = by_rule(bare, "glm_hc_pre_norm_c1_input")
     with pytest.raises(LoweringError, match="no state buffer"):
         glm_mhc.lower(LowerCtx(bare), g)
+
+
+def test_fused_boundary(tiny_path):
+    """A post-mix merged with the next pre-mix lowers to one FUSE_POST launch: the pre-mix reads the
+    post's input streams and the sublayer output, and writes the post's stream buffer."""
+    plan, ctx = planned(str(tiny_path), fuse=True)
+    bp = plan.blueprint
+    fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
+    assert fused
+    for g in fused:
+        (launch,) = glm_mhc.lower(ctx, g)
+        post = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "hc_post")
+        mix = ctx.node(g, "linear:hc_mix")
+        x = ctx.input(mix)
+        n, d = x.dim_value // ctx.output(ctx.node(g, "rms_norm")).dim_value, ctx.output(ctx.node(g, "rms_norm")).dim_value
+        assert launch.instance.kernel == f"kbp::mhc::hc_pre_norm<{n}, {d}, true, 1>"
+        assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
+        params = launch.args[0].fields
+        stream_in = next(t for t in ctx.inputs(post) if bp.node(t.src).op in ("hc_post", "hc_expand"))
+        assert params[0] == ctx.buf(stream_in, "const float")
+        assert params[4] == ctx.buf(ctx.output(post), "float") and params[4] != params[0]
+        assert points_into(params[1], buffer_name(bp, next(t for t in ctx.inputs(post)
+                                                           if bp.node(t.src).op not in ("hc_post", "hc_expand", "hc_pre"))))
