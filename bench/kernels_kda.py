@@ -172,9 +172,8 @@ def _unfused_case(pdl: bool) -> Case:
         from kbpc.testing.gpu import poisoned, to_gpu  # noqa: PLC0415
         from kbpc.testing.kda_chain import KdaLayerData, bind, product_chain  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        from kbpc.testing.lowering import planned  # noqa: PLC0415
         seed = Path(__file__).resolve().parent.parent / "examples" / "glm-5.3-flash-nvfp4-tp3-512k.decode1.graph.json"
-        chain = product_chain(planned(str(seed))[0])
+        chain = product_chain(str(seed))
         runs = [(launcher(l.instance), l) for l in chain.unfused]
         rng = np.random.default_rng(0)
         window, state = chain.state_names

@@ -27,6 +27,12 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (FUSE_POST): one launch and one "
                "pass over the streams fewer per boundary"),
+    FusionRule("kda_chain", "kda_fused",
+               ("concat", "conv1d_update", "state_snapshot", "l2_norm", "act_quant", "linear:kda_f_b", "gdn_gates",
+                "act_quant", "linear:kda_g_b", "gdn_recurrence", "gated_rms_norm"), "gdn_recurrence",
+               "a KDA layer's pack, conv + L2 norm, FP8 gates, recurrence and gated norm in one kernel "
+               "(kernels/kda_fused.cuh): five launches become one, the packed row, the conv output, the "
+               "gates and the recurrence output stay on chip"),
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),

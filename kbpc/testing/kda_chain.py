@@ -1,7 +1,7 @@
 """Test and benchmark support for the KDA decode chain (kernels/kda_fused.cuh and the five unfused
 kernels): random layer data in the blueprint's weight names, the fused kernel's arguments, a
-stand-in for the fusion pass that merges each KDA layer's chain groups, and a binder from a
-product Launch's typed arguments to test arrays (so GPU tests run the product's own launches).
+layer's chain lowered with and without the fusion pass, and a binder from a product Launch's
+typed arguments to test arrays (so GPU tests run the product's own launches).
 
 Everything here is host-side numpy until `bind` or `fused_args` meets device arrays (PyCUDA
 GPUArrays, passed through untouched)."""
@@ -14,7 +14,7 @@ import numpy as np
 
 from kbpc.codegen.args import ArenaPtr, FloatLit, IntLit, NullPtr, StatePtr, WeightPtr
 from kbpc.codegen.records import Launch
-from kbpc.ir.plan import LoweredGroup, Plan
+from kbpc.ir.plan import Plan
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_encode, quantize_fp8, to_bf16
 from kbpc.reference.kda_fused import KdaLayerWeights
 from kbpc.reference.kda_recurrent import query_scale
@@ -134,32 +134,6 @@ def fused_args(dims: KdaDims, dev: dict, eps: tuple[float, float, float], out: d
             *(out.get(n) for n in INTERMEDIATES))
 
 
-def merged_plan(plan: Plan, keep: tuple[str, ...] = ()) -> Plan:
-    """A stand-in for the fusion pass: each KDA layer's five chain groups as one "kda_fused" group,
-    then the schedule and the arena planned again (the chain's inner edges lose their buffers).
-    `keep`: inner buffers (e.g. "l0.kda.recur.core") that stay, as if a later group read them; only
-    their names and sizes matter (their arena offsets are the unmerged plan's)."""
-    from kbpc.passes.plan_memory import plan_memory  # noqa: PLC0415
-    from kbpc.passes.schedule_streams import schedule_streams  # noqa: PLC0415
-
-    bp = plan.blueprint
-    groups: list[LoweredGroup] = []
-    chains: dict[str, list[LoweredGroup]] = {}
-    for g in plan.groups:
-        if g.family in CHAIN_FAMILIES:
-            chains.setdefault(bp.node_by_id[g.nodes[0]].block, []).append(g)
-        else:
-            groups.append(g)
-    for members in chains.values():
-        nodes = tuple(sorted((n for g in members for n in g.nodes), key=lambda n: bp.node_by_id[n].order))
-        groups.append(LoweredGroup(id=members[0].id, rule="kda_fused_decode", family="kda_fused", nodes=nodes,
-                                   kernels=(), variant="kda_fused", where="device"))
-    out = plan_memory(schedule_streams(dataclasses.replace(plan, groups=tuple(sorted(groups, key=lambda g: g.id)))))
-    if keep:
-        out = dataclasses.replace(out, buffers=out.buffers + tuple(b for b in plan.buffers if b.name in keep))
-    return out
-
-
 @dataclass(frozen=True)
 class ProductChain:
     """The product's launches for one KDA layer of a plan: the five unfused kernels (`plan`) and the
@@ -187,11 +161,15 @@ class ProductChain:
         return f"{self.block}.short_conv.window", f"{self.block}.recur.state"
 
 
-def product_chain(plan: Plan) -> ProductChain:
-    """The first KDA layer's chain of `plan` (an unmerged plan), lowered both ways."""
+def product_chain(path: str) -> ProductChain:
+    """The first KDA layer of blueprint `path`, planned without and with the fusion pass and lowered
+    both ways. The fused plan keeps the chain's inner buffers (their names; the unfused plan's arena
+    offsets), so the fused kernel writes every intermediate for comparison."""
     from kbpc.codegen.context import LowerCtx  # noqa: PLC0415
     from kbpc.codegen.families import LOWERINGS  # noqa: PLC0415
+    from kbpc.testing.lowering import planned  # noqa: PLC0415
 
+    plan, fused_plan = planned(path)[0], planned(path, fuse=True)[0]
     bp = plan.blueprint
     first = min((g for g in plan.groups if g.family == "kda_recurrent"), key=lambda g: g.id)
     block = bp.node_by_id[first.nodes[0]].block
@@ -200,7 +178,8 @@ def product_chain(plan: Plan) -> ProductChain:
     unfused = tuple(launch for g in chain for launch in LOWERINGS[g.family](ctx, g))
     gated = f"{block}.out_norm.gated"
     inner = tuple(b.name for b in plan.buffers if b.producer_group in {g.id for g in chain} and b.name != gated)
-    merged = merged_plan(plan, keep=inner)
+    merged = dataclasses.replace(fused_plan, buffers=fused_plan.buffers + tuple(b for b in plan.buffers
+                                                                                   if b.name in inner))
     group = next(g for g in merged.groups if g.family == "kda_fused" and bp.node_by_id[g.nodes[0]].block == block)
     (fused,) = LOWERINGS["kda_fused"](LowerCtx(merged), group)
     edges = {"q": "q.q", "k": "k.k", "v": "v.v", "f_a": "f_a.fa", "g_a": "g_a.ga", "b": "b.b"}

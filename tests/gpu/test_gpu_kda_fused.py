@@ -24,7 +24,6 @@ from kbpc.testing.compare import assert_f32_exact
 from kbpc.testing.kda_chain import (
     INTERMEDIATES, KdaDims, KdaLayerData, bind, fused_args, product_chain, upload,
 )
-from kbpc.testing.lowering import planned
 
 pytestmark = pytest.mark.gpu
 
@@ -136,7 +135,7 @@ def test_fused_equals_unfused(which, tiny_path, seed_path):
     from kbpc.testing.launchers import launcher  # noqa: PLC0415
     g = _gpu()
     rng = np.random.default_rng()
-    chain = product_chain(planned(str(tiny_path if which == "tiny" else seed_path))[0])
+    chain = product_chain(str(tiny_path if which == "tiny" else seed_path))
     dims = chain.dims
     data = KdaLayerData.random(rng, dims, integer_gates=False)
     weights = {n: g.to_gpu(v) for n, v in data.named_weights(chain.block).items()}

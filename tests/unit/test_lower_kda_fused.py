@@ -1,6 +1,5 @@
-"""Lowering of a merged KDA chain group (pack, conv + L2 norm, gates, recurrence, o-norm) to the
-fused kernel, on the tiny blueprint. Until the fusion pass merges the groups,
-kbpc.testing.kda_chain.merged_plan does what it will."""
+"""Lowering of a merged KDA chain group (pack, conv + L2 norm, gates, recurrence, o-norm; the
+fusion pass's rule kda_chain) to the fused kernel, on the tiny blueprint and the seed."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +9,13 @@ from kbpc.codegen.args import NULL, ArenaPtr, StatePtr, WeightPtr, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import kda_fused as fused
 from kbpc.reference.kda_recurrent import query_scale
-from kbpc.testing.kda_chain import CHAIN_FAMILIES, KdaDims, bind, merged_plan, product_chain
+from kbpc.testing.kda_chain import CHAIN_FAMILIES, KdaDims, bind, product_chain
 from kbpc.testing.lowering import planned, points_into
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
-    plan = merged_plan(planned(str(tiny_path))[0])
-    return plan, LowerCtx(plan)
+    return planned(str(tiny_path), fuse=True)
 
 
 def fused_groups(plan):
@@ -34,7 +32,7 @@ def test_split_choice():
     assert fused.smem_bytes(64, 64, 128, 128, 4, 2) < 48 * 1024
     with pytest.raises(LoweringError, match="no fused KDA split"):
         fused.value_head_split(1, 16, 128, 128, 4)                   # a cluster of > 8 CTAs
-    assert fused.serves(list(fused.CHAIN_OPS)[::-1]) and not fused.serves(["concat", "l2_norm"])
+    assert fused.serves(list(fused.chain_rule().ops)[::-1]) and not fused.serves(["concat", "l2_norm"])
 
 
 def test_merged_group_lowers_to_one_fused_launch(tiny):
@@ -61,16 +59,25 @@ def test_merged_group_lowers_to_one_fused_launch(tiny):
 
 
 def test_kept_intermediates_are_written(tiny_path):
-    base = planned(str(tiny_path))[0]
-    keep = tuple(f"l0.kda.{b}" for b in ("qkv.qkv", "l2.qkvn", "gates.decay", "gates.beta", "g_b.g", "recur.core"))
-    plan = merged_plan(base, keep)
-    ctx = LowerCtx(plan)
-    g = next(g for g in fused_groups(plan) if g.nodes[0].startswith("l0.kda."))
-    a = fused.lower(ctx, g)[0].args
-    assert points_into(a[23], "l0.kda.qkv.qkv") and points_into(a[24], "l0.kda.l2.qkvn")
+    """Inner edges that keep a buffer (here: put back by product_chain) are written by the kernel."""
+    chain = product_chain(str(tiny_path))
+    a, b = chain.fused.args, chain.block
+    assert points_into(a[23], f"{b}.qkv.qkv") and points_into(a[24], f"{b}.l2.qkvn")
     assert a[25] == NULL   # f never had a buffer
-    assert points_into(a[26], "l0.kda.gates.decay") and points_into(a[27], "l0.kda.gates.beta")
-    assert points_into(a[28], "l0.kda.g_b.g") and points_into(a[29], "l0.kda.recur.core")
+    assert points_into(a[26], f"{b}.gates.decay") and points_into(a[27], f"{b}.gates.beta")
+    assert points_into(a[28], f"{b}.g_b.g") and points_into(a[29], f"{b}.recur.core")
+
+
+def test_fusion_pass_merges_every_kda_layer(tiny_path, seed_path):
+    """Every KDA layer's five chain groups become one kda_fused group, which lowers to one launch."""
+    for path in (tiny_path, seed_path):
+        unfused, fused_plan = planned(str(path))[0], planned(str(path), fuse=True)[0]
+        layers = sum(g.family == "kda_recurrent" for g in unfused.groups)
+        merged = [g for g in fused_plan.groups if g.family == "kda_fused"]
+        assert layers and len(merged) == layers and not any(g.family in CHAIN_FAMILIES for g in fused_plan.groups)
+        assert all(g.rule == "fused:kda_chain" and g.variant == "fp8_mma" for g in merged)
+        ctx = LowerCtx(fused_plan)
+        assert all(len(fused.lower(ctx, g)) == 1 for g in merged[:3])
 
 
 def test_a_partial_chain_is_refused(tiny_path):
@@ -89,7 +96,7 @@ class _Dev:
 def test_product_chain_binds_every_argument(tiny_path):
     """Both lowerings of the tiny example's first KDA layer bind to arrays by name: pointers become
     arrays or addresses (views keep their offsets), scalars numbers, nulls None."""
-    chain = product_chain(planned(str(tiny_path))[0])
+    chain = product_chain(str(tiny_path))
     assert [launch.instance.family for launch in chain.unfused] == list(CHAIN_FAMILIES)
     assert chain.dims == KdaDims(2, 2, 128, 128, 128, 128, 4)
     names = {a.buffer if isinstance(a, ArenaPtr) else a.name for launch in chain.unfused + (chain.fused,)

@@ -1,6 +1,6 @@
 """kda_fused: a KDA layer's whole non-projection chain in one launch (kernels/kda_fused.cuh), for a
 group holding the nodes of the five KDA groups (pack, conv + L2 norm, gates, recurrence, gated
-o-norm) that the fusion pass merged. It reads the projections' q, k, v, f_a, b, g_a rows and writes
+o-norm) that the fusion pass merged (rule kda_chain in kbpc/passes/fusion_rules.py). It reads the projections' q, k, v, f_a, b, g_a rows and writes
 the gated output; every edge inside the chain stays on chip unless the plan gave it a buffer (a
 later reader, or the debug arena), which the kernel then writes too. The conv window and the
 recurrent state keep the unfused kernels' layouts and advance in place.
@@ -10,6 +10,7 @@ value head, DV/CPH value columns (threads) per CTA. `value_head_split` picks CPH
 per head that reach TARGET_CTAS CTAs in all, within the kernel's limits."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from kbpc.codegen.args import NULL, Arg, lit
@@ -21,12 +22,10 @@ from kbpc.codegen.families.kda_recurrent import query_scale
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
+from kbpc.passes.fusion_rules import FUSION_RULES, FusionRule
 
 BF = "__nv_bfloat16"
 HEADER = "kda_fused.cuh"
-# The node ops of the chain the fused form serves (a merged group must hold exactly these).
-CHAIN_OPS = ("concat", "conv1d_update", "state_snapshot", "l2_norm", "act_quant", "act_quant",
-             "linear", "linear", "gdn_gates", "gdn_recurrence", "gated_rms_norm")
 TARGET_CTAS = 128          # about one CTA per SM of an H100/H200 (132 SMs)
 SPLITS = (1, 2, 4, 8)      # CTAs per value head
 MAX_CLUSTER = 8            # portable cluster size
@@ -94,9 +93,14 @@ def instance(shape: KdaShape) -> KernelInstance:
                           PARAMS)
 
 
+def chain_rule() -> FusionRule:
+    """The fusion rule whose merged groups this lowering serves (kbpc/passes/fusion_rules.py)."""
+    return next(r for r in FUSION_RULES if r.family == "kda_fused")
+
+
 def serves(ops: list[str]) -> bool:
-    """Whether a merged group's node ops (op_base, any order) are exactly the KDA chain."""
-    return sorted(ops) == sorted(CHAIN_OPS)
+    """Whether a group's node ops (Node.op, any order) are exactly the KDA chain's."""
+    return Counter(ops) == chain_rule().op_counts
 
 
 def _optional(ctx: LowerCtx, t: Tensor, ctype: str) -> Arg:
@@ -106,8 +110,9 @@ def _optional(ctx: LowerCtx, t: Tensor, ctype: str) -> Arg:
 
 def _nodes(ctx: LowerCtx, group: LoweredGroup) -> dict[str, Node]:
     nodes = ctx.nodes(group)
-    require(serves([n.op_base for n in nodes]), f"kda_fused serves the whole KDA chain, not the nodes "
+    require(serves([n.op for n in nodes]), f"kda_fused serves the whole KDA chain, not the nodes "
             f"{[n.op for n in nodes]}", group)
+    require(group.variant == "fp8_mma", f"kda_fused has no {group.variant!r} form (its gates use FP8 MMA)", group)
     by_op = {n.op_base: n for n in nodes if n.op_base not in ("linear", "act_quant")}
     gates = by_op["gdn_gates"]
     by_op["f_b"] = ctx.bp.node(ctx.input(gates, "f").src)
