@@ -122,9 +122,9 @@ def _cases():
 
 
 def chain_bytes(d) -> int:
-    """The unavoidable traffic of a KDA layer's non-projection chain (kbpc.testing.kda_chain.KdaDims
-    d): state and conv window read and written; taps, bias, gate weights and scales, A, delta and
-    gamma read; the six projection rows read and the gated output written."""
+    """The unavoidable traffic of a KDA layer's non-projection chain of sizes d (a KdaDims): state
+    and conv window read and written; taps, bias, gate weights and scales, A, delta and gamma read;
+    the six projection rows read and the gated output written."""
     n, nv, c = d.hv * d.dk, d.hv * d.dv, d.channels
     state = 2 * d.hv * d.dk * d.dv * 4 + 2 * c * d.width * 4
     params = c * d.width * 2 + c * 2 + n * d.kf + n * 4 + nv * d.kg + nv * 4 + d.hv * 4 + n * 4 + d.dv * 2
@@ -133,7 +133,7 @@ def chain_bytes(d) -> int:
 
 
 def _seed_dims():
-    from kbpc.testing.kda_chain import KdaDims  # noqa: PLC0415
+    from kbpc.codegen.families.kda_fused import KdaDims  # noqa: PLC0415
     return KdaDims(H, H, DK, DK, KR, KR, W)
 
 
@@ -146,7 +146,7 @@ def _fused_case(cph: int, pdl: bool) -> Case:
         from kbpc.testing.gpu import poisoned, to_gpu  # noqa: PLC0415
         from kbpc.testing.kda_chain import KdaLayerData, fused_args, upload  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        shape = KdaShape(d.hk, d.hv, d.dk, d.dv, d.kf, d.kg, d.width, cph)
+        shape = KdaShape(d, cph)
         run = launcher(instance(shape))
         rng = np.random.default_rng(0)
         sets = []

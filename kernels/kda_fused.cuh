@@ -50,8 +50,8 @@
 // PDL: weights, taps, the state slice and the window rows are prefetched into L2 before pdl_wait()
 // (a prefetch reads nothing into the kernel); every load of them and every global write comes
 // after it; dependents are released after barrier #1.
-// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
-// extern "C" __global__ wrapper, which must carry the same __launch_bounds__ and __cluster_dims__.
+// Entry point: the __global__ template only (its cluster shape is part of it); GPU tests launch it
+// through the product's launcher (kbpc.testing.launchers).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -105,11 +105,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // The last cluster barrier only keeps shared memory alive for the other CTAs' reads, whose values
-// were consumed before it: no memory ordering (a release would wait for every pending store).
+// were consumed before it: no memory ordering (a release would wait for every pending store). Not
+// .aligned: the threads of a warp need not be converged here.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 
 // The kernel's arguments (see the launch contract), gathered for the phase functions below.
 struct KdaFusedParams {
@@ -399,27 +400,6 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
 }
 
 template <int HK, int HV, int DK, int DV, int KF, int KG, int W, int CPH>
-__device__ __forceinline__ void
-kda_fused_decode_dev(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                     const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ xf,
-                     const __nv_bfloat16* __restrict__ xg, const __nv_bfloat16* __restrict__ b,
-                     const __nv_bfloat16* __restrict__ taps, const __nv_bfloat16* __restrict__ conv_bias,
-                     float l2_eps, const uint8_t* __restrict__ wf, const float* __restrict__ swf,
-                     const uint8_t* __restrict__ wg, const float* __restrict__ swg,
-                     const float* __restrict__ a_log, const float* __restrict__ dt_bias, float lower_bound,
-                     float scale, const __nv_bfloat16* __restrict__ gamma, int gamma_head_stride,
-                     float norm_eps, float* __restrict__ window, float* __restrict__ state,
-                     __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ packed,
-                     __nv_bfloat16* __restrict__ conv_out, __nv_bfloat16* __restrict__ f_out,
-                     float* __restrict__ decay_out, float* __restrict__ beta_out,
-                     __nv_bfloat16* __restrict__ og_out, float* __restrict__ core_out) {
-    const KdaFusedParams p{q, k, v, xf, xg, b, taps, conv_bias, l2_eps, wf, swf, wg, swg, a_log, dt_bias,
-                           lower_bound, scale, gamma, gamma_head_stride, norm_eps, window, state, y,
-                           packed, conv_out, f_out, decay_out, beta_out, og_out, core_out};
-    kda_fused_decode_body<HK, HV, DK, DV, KF, KG, W, CPH>(p);
-}
-
-template <int HK, int HV, int DK, int DV, int KF, int KG, int W, int CPH>
 __global__ void __launch_bounds__(DV / CPH) __cluster_dims__((HV / HK) * CPH, 1, 1)
 kda_fused_decode(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                  const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ xf,
@@ -434,9 +414,10 @@ kda_fused_decode(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
                  __nv_bfloat16* __restrict__ conv_out, __nv_bfloat16* __restrict__ f_out,
                  float* __restrict__ decay_out, float* __restrict__ beta_out,
                  __nv_bfloat16* __restrict__ og_out, float* __restrict__ core_out) {
-    kda_fused_decode_dev<HK, HV, DK, DV, KF, KG, W, CPH>(q, k, v, xf, xg, b, taps, conv_bias, l2_eps,
-        wf, swf, wg, swg, a_log, dt_bias, lower_bound, scale, gamma, gamma_head_stride, norm_eps, window,
-        state, y, packed, conv_out, f_out, decay_out, beta_out, og_out, core_out);
+    const KdaFusedParams p{q, k, v, xf, xg, b, taps, conv_bias, l2_eps, wf, swf, wg, swg, a_log, dt_bias,
+                           lower_bound, scale, gamma, gamma_head_stride, norm_eps, window, state, y,
+                           packed, conv_out, f_out, decay_out, beta_out, og_out, core_out};
+    kda_fused_decode_body<HK, HV, DK, DV, KF, KG, W, CPH>(p);
 }
 
 }  // namespace kbp

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kbpc.codegen.args import ArenaPtr, FloatLit, IntLit, NullPtr, StatePtr, WeightPtr
+from kbpc.codegen.families.kda_fused import KdaDims
 from kbpc.codegen.records import Launch
 from kbpc.ir.plan import Plan
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_encode, quantize_fp8, to_bf16
@@ -25,26 +26,12 @@ INPUTS = ("q", "k", "v", "f_a", "g_a", "b")          # the fused kernel's row in
 INTERMEDIATES = ("packed", "conv", "f", "decay", "beta", "og", "core")
 
 
-@dataclass(frozen=True)
-class KdaDims:
-    hk: int
-    hv: int
-    dk: int
-    dv: int
-    kf: int
-    kg: int
-    width: int
-
-    @property
-    def channels(self) -> int:
-        return 2 * self.hk * self.dk + self.hv * self.dv
-
-    def widths(self) -> dict[str, int]:
-        """Elements of each row input and intermediate (one token)."""
-        n, c = self.hv * self.dk, self.channels
-        return {"q": self.hk * self.dk, "k": self.hk * self.dk, "v": self.hv * self.dv, "f_a": self.kf,
-                "g_a": self.kg, "b": self.hv, "packed": c, "conv": c, "f": n, "decay": n, "beta": self.hv,
-                "og": self.hv * self.dv, "core": self.hv * self.dv, "y": self.hv * self.dv}
+def widths(dims: KdaDims) -> dict[str, int]:
+    """Elements of each row input, intermediate and the output (one token)."""
+    n, c = dims.hv * dims.dk, dims.channels
+    return {"q": dims.hk * dims.dk, "k": dims.hk * dims.dk, "v": dims.hv * dims.dv, "f_a": dims.kf,
+            "g_a": dims.kg, "b": dims.hv, "packed": c, "conv": c, "f": n, "decay": n, "beta": dims.hv,
+            "og": dims.hv * dims.dv, "core": dims.hv * dims.dv, "y": dims.hv * dims.dv}
 
 
 def _bf16(rng, shape, std=1.0) -> np.ndarray:
@@ -93,7 +80,7 @@ class KdaLayerData:
 
     def step_inputs(self, rng) -> dict[str, np.ndarray]:
         """One token's projection rows as BF16 bits."""
-        w = self.dims.widths()
+        w = widths(self.dims)
         rows = {name: _bf16(rng, w[name]) for name in ("q", "k", "v", "b")}
         for name in ("f_a", "g_a"):
             rows[name] = integer_rows(rng, w[name]) if self.integer_gates else _bf16(rng, w[name], 2.0)

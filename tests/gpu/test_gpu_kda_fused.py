@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kbpc.codegen.families.kda_fused import KdaShape, instance, value_head_split
+from kbpc.codegen.families.kda_fused import KdaDims, KdaShape, instance, value_head_split
 from kbpc.reference.formats import bf16_bits, bf16_from_bits
 from kbpc.reference.kda_fused import kda_decode_step
 from kbpc.testing.compare import assert_f32_exact
 from kbpc.testing.kda_chain import (
-    INTERMEDIATES, KdaDims, KdaLayerData, bind, fused_args, product_chain, upload,
+    INTERMEDIATES, KdaLayerData, bind, fused_args, product_chain, upload, widths,
 )
 
 pytestmark = pytest.mark.gpu
@@ -47,12 +47,11 @@ def _gpu():
 
 def _shape(name: str) -> KdaShape:
     d, cph = SHAPES[name]
-    return KdaShape(d.hk, d.hv, d.dk, d.dv, d.kf, d.kg, d.width,
-                    cph or value_head_split(d.hk, d.hv, d.dk, d.dv, d.width))
+    return KdaShape(d, cph or value_head_split(d.hk, d.hv, d.dk, d.dv, d.width))
 
 
 def _outputs(g, dims: KdaDims, names) -> dict:
-    w = dims.widths()
+    w = widths(dims)
     return {n: g.poisoned((w[n],), DTYPES[n]) for n in names}
 
 

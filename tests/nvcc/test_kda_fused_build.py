@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, RUNTIME_STUB_DIR, compile_cuda, nvcc_path
-from kbpc.codegen.families.kda_fused import KdaShape, instance, smem_bytes, value_head_split
+from kbpc.codegen.families.kda_fused import KdaDims, KdaShape, instance, smem_bytes, value_head_split
 from kbpc.targets import get_target
 from kbpc.testing.launchers import render_instance
 
@@ -21,7 +21,7 @@ SHAPES = [(64, 64, 128, 128, 128, 128, 4), (1, 3, 32, 64, 128, 256, 3), (2, 2, 1
 
 
 def _shape(hk, hv, dk, dv, kf, kg, w) -> KdaShape:
-    return KdaShape(hk, hv, dk, dv, kf, kg, w, value_head_split(hk, hv, dk, dv, w))
+    return KdaShape(KdaDims(hk, hv, dk, dv, kf, kg, w), value_head_split(hk, hv, dk, dv, w))
 
 
 @pytest.mark.parametrize("dims", SHAPES)
@@ -36,7 +36,8 @@ def test_fused_kernel_has_no_spills(dims, tmp_path):
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     smem = [int(n) for n in re.findall(r"(\d+) bytes smem", log)]
     assert spills and max(spills) == 0, log
-    assert smem == [smem_bytes(shape.hk, shape.hv, shape.dk, shape.dv, shape.width, shape.cph)], log
+    d = shape.dims
+    assert smem == [smem_bytes(d.hk, d.hv, d.dk, d.dv, d.width, shape.cph)], log
 
 
 @pytest.mark.parametrize("target,dims", [("sm_90", SHAPES[0]), ("sm_121", SHAPES[1])])

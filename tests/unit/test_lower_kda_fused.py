@@ -9,7 +9,7 @@ from kbpc.codegen.args import NULL, ArenaPtr, StatePtr, WeightPtr, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import kda_fused as fused
 from kbpc.reference.kda_recurrent import query_scale
-from kbpc.testing.kda_chain import CHAIN_FAMILIES, KdaDims, bind, product_chain
+from kbpc.testing.kda_chain import CHAIN_FAMILIES, bind, product_chain
 from kbpc.testing.lowering import planned, points_into
 
 
@@ -98,7 +98,7 @@ def test_product_chain_binds_every_argument(tiny_path):
     arrays or addresses (views keep their offsets), scalars numbers, nulls None."""
     chain = product_chain(str(tiny_path))
     assert [launch.instance.family for launch in chain.unfused] == list(CHAIN_FAMILIES)
-    assert chain.dims == KdaDims(2, 2, 128, 128, 128, 128, 4)
+    assert chain.dims == fused.KdaDims(2, 2, 128, 128, 128, 128, 4)
     names = {a.buffer if isinstance(a, ArenaPtr) else a.name for launch in chain.unfused + (chain.fused,)
              for a in launch.args if isinstance(a, (ArenaPtr, WeightPtr, StatePtr))}
     arrays = {name: _Dev((i + 1) << 32) for i, name in enumerate(sorted(names))}

@@ -37,8 +37,8 @@ PARAMS = (f"const {BF}*", f"const {BF}*", f"const {BF}*", f"const {BF}*", f"cons
 
 
 @dataclass(frozen=True)
-class KdaShape:
-    """Template arguments of kbp::kda_fused_decode."""
+class KdaDims:
+    """A KDA layer's sizes: key heads, value heads, d_k, d_v, the f and g gate ranks, conv width."""
     hk: int
     hv: int
     dk: int
@@ -46,19 +46,30 @@ class KdaShape:
     kf: int
     kg: int
     width: int
+
+    @property
+    def channels(self) -> int:
+        """Packed q|k|v channels (the conv window's rows)."""
+        return 2 * self.hk * self.dk + self.hv * self.dv
+
+
+@dataclass(frozen=True)
+class KdaShape:
+    """Template arguments of kbp::kda_fused_decode: the sizes and CPH, the CTAs per value head."""
+    dims: KdaDims
     cph: int
 
     @property
     def cluster(self) -> int:
-        return self.hv // self.hk * self.cph
+        return self.dims.hv // self.dims.hk * self.cph
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.hk * self.cluster, 1, 1)
+        return (self.dims.hk * self.cluster, 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (self.dv // self.cph, 1, 1)
+        return (self.dims.dv // self.cph, 1, 1)
 
 
 def smem_bytes(hk: int, hv: int, dk: int, dv: int, width: int, cph: int) -> int:
@@ -87,9 +98,9 @@ def value_head_split(hk: int, hv: int, dk: int, dv: int, width: int) -> int:
 
 
 def instance(shape: KdaShape) -> KernelInstance:
-    s = shape
+    d = shape.dims
     return KernelInstance("kda_fused", HEADER,
-                          f"kbp::kda_fused_decode<{s.hk}, {s.hv}, {s.dk}, {s.dv}, {s.kf}, {s.kg}, {s.width}, {s.cph}>",
+                          f"kbp::kda_fused_decode<{d.hk}, {d.hv}, {d.dk}, {d.dv}, {d.kf}, {d.kg}, {d.width}, {shape.cph}>",
                           PARAMS)
 
 
@@ -138,7 +149,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     require(all(ctx.rows(t) == 1 for t in (q, k, v, xf, xg, b, y)), "one decode token of one sequence", group)
     require(ctx.c.kda_gate_lower_bound < 0, f"the gate lower bound must be negative, got "
             f"{ctx.c.kda_gate_lower_bound}", group)
-    shape = KdaShape(hk, hv, dk, dv, xf.dim_value, xg.dim_value, width, value_head_split(hk, hv, dk, dv, width))
+    shape = KdaShape(KdaDims(hk, hv, dk, dv, xf.dim_value, xg.dim_value, width), value_head_split(hk, hv, dk, dv, width))
     gamma = ctx.weight(norm, ctype=BF)
     args = (ctx.buf(q, f"const {BF}"), ctx.buf(k, f"const {BF}"), ctx.buf(v, f"const {BF}"),
             ctx.buf(xf, f"const {BF}"), ctx.buf(xg, f"const {BF}"), ctx.buf(b, f"const {BF}"),
