@@ -153,7 +153,7 @@ def product_chain(path: str) -> ProductChain:
     both ways. The fused plan keeps the chain's inner buffers (their names; the unfused plan's arena
     offsets), so the fused kernel writes every intermediate for comparison."""
     from kbpc.codegen.context import LowerCtx  # noqa: PLC0415
-    from kbpc.codegen.families import LOWERINGS  # noqa: PLC0415
+    from kbpc.codegen.families import lower_group  # noqa: PLC0415
     from kbpc.testing.lowering import planned  # noqa: PLC0415
 
     plan, fused_plan = planned(path)[0], planned(path, fuse=True)[0]
@@ -162,13 +162,13 @@ def product_chain(path: str) -> ProductChain:
     block = bp.node_by_id[first.nodes[0]].block
     chain = [g for g in plan.groups if g.family in CHAIN_FAMILIES and bp.node_by_id[g.nodes[0]].block == block]
     ctx = LowerCtx(plan)
-    unfused = tuple(launch for g in chain for launch in LOWERINGS[g.family](ctx, g))
+    unfused = tuple(launch for g in chain for launch in lower_group(ctx, g))
     gated = f"{block}.out_norm.gated"
     inner = tuple(b.name for b in plan.buffers if b.producer_group in {g.id for g in chain} and b.name != gated)
     merged = dataclasses.replace(fused_plan, buffers=fused_plan.buffers + tuple(b for b in plan.buffers
                                                                                    if b.name in inner))
     group = next(g for g in merged.groups if g.family == "kda_fused" and bp.node_by_id[g.nodes[0]].block == block)
-    (fused,) = LOWERINGS["kda_fused"](LowerCtx(merged), group)
+    (fused,) = lower_group(LowerCtx(merged), group)
     edges = {"q": "q.q", "k": "k.k", "v": "v.v", "f_a": "f_a.fa", "g_a": "g_a.ga", "b": "b.b"}
     return ProductChain(block, plan, unfused, merged, fused, {n: f"{block}.{e}" for n, e in edges.items()},
                         inner, gated)

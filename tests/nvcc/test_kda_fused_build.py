@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, RUNTIME_STUB_DIR, compile_cuda, nvcc_path
+from kbpc.toolchain.nvcc import BASE_FLAGS, KERNELS_DIR, RUNTIME_STUB_DIR, compile_cuda, nvcc_path
 from kbpc.codegen.families.kda_fused import KdaDims, KdaShape, instance, smem_bytes, value_head_split
 from kbpc.targets import get_target
 from kbpc.testing.launchers import render_instance

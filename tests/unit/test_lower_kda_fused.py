@@ -2,6 +2,8 @@
 fusion pass's rule kda_chain) to the fused kernel, on the tiny blueprint and the seed."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,17 @@ def test_product_chain_binds_every_argument(tiny_path):
     rec = next(launch for launch in chain.unfused if launch.instance.family == "kda_recurrent")
     q, k = bind(rec, chain.plan, arrays)[:2]
     assert k - q == 2 * chain.dims.hk * chain.dims.dk, "the k view is hk*dk BF16 values into the packed row"
+
+
+def test_chain_fits_names_what_does_not_fit(tiny_path, seed_path):
+    """The fusion rule's check: the tiny example's and the seed's chains fit; BF16 gates do not."""
+    for path in (tiny_path, seed_path):
+        plan = planned(str(path))[0]
+        bp = plan.blueprint
+        first = min((g for g in plan.groups if g.family == "kda_recurrent"), key=lambda g: g.id)
+        block = bp.node_by_id[first.nodes[0]].block
+        nodes = [n for n in bp.nodes() if n.block == block and n.op in fused.chain_rule().op_counts]
+        assert fused.chain_fits(bp, nodes) is None
+        bf16 = [dataclasses.replace(n, precision=dataclasses.replace(n.precision, weight="bf16"))
+                if n.op_base == "linear" else n for n in nodes]
+        assert "fp8/channel" in fused.chain_fits(bp, bf16)

@@ -20,6 +20,7 @@ from kbpc.codegen.families.causal_conv1d_l2norm import qk_channels
 from kbpc.codegen.families.kda_gates_w8a8 import _projection
 from kbpc.codegen.families.kda_recurrent import query_scale
 from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.graph import Blueprint
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
 from kbpc.passes.fusion_rules import FUSION_RULES, FusionRule
@@ -114,6 +115,31 @@ def serves(ops: list[str]) -> bool:
     return Counter(ops) == chain_rule().op_counts
 
 
+def chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """Why the fused kernel cannot serve a KDA chain's nodes (None: it can): the gate projections
+    must be FP8 per-channel weights on per-token FP8 rows of width a multiple of 128, and a split
+    must fit the kernel's limits."""
+    by_op = {n.op: n for n in nodes}
+    for quant in (n for n in nodes if n.op == "act_quant"):
+        if any(t.format != "fp8/token" for t in bp.outputs(quant.order)):
+            return "a gate quantizer does not write fp8/token"
+        if bp.inputs(quant.order)[0].dim_value % 128:
+            return f"gate rank {bp.inputs(quant.order)[0].dim_value} is not a multiple of 128"
+    if any(n.precision.weight != "fp8/channel" for n in nodes if n.op_base == "linear"):
+        return "a gate projection's weight is not fp8/channel"
+    sym, width = bp.symbols, bp.config.constants.conv_width
+    hk, dk = sym["lin_k_heads"], sym["lin_k_dim"]
+    hv = next(t for t in bp.inputs(by_op["gdn_gates"].order) if t.id.rsplit(".", 1)[-1] == "b").dim_value
+    v = bp.inputs(by_op["concat"].order)[2].dim_value
+    if hv == 0 or v % hv:
+        return f"v width {v} is not {hv} value heads"
+    try:
+        value_head_split(hk, hv, dk, v // hv, width)
+    except LoweringError as exc:
+        return str(exc)
+    return None
+
+
 def _optional(ctx: LowerCtx, t: Tensor, ctype: str) -> Arg:
     """An intermediate the kernel writes only when the plan keeps it as a buffer."""
     return ctx.buf(t, ctype) if materialized(ctx, t) else NULL
@@ -123,7 +149,6 @@ def _nodes(ctx: LowerCtx, group: LoweredGroup) -> dict[str, Node]:
     nodes = ctx.nodes(group)
     require(serves([n.op for n in nodes]), f"kda_fused serves the whole KDA chain, not the nodes "
             f"{[n.op for n in nodes]}", group)
-    require(group.variant == "fp8_mma", f"kda_fused has no {group.variant!r} form (its gates use FP8 MMA)", group)
     by_op = {n.op_base: n for n in nodes if n.op_base not in ("linear", "act_quant")}
     gates = by_op["gdn_gates"]
     by_op["f_b"] = ctx.bp.node(ctx.input(gates, "f").src)
