@@ -94,4 +94,4 @@ def test_seed_compiles(seed_path, keys, cache, tmp_path, target):
     out = tmp_path / f"seed-{target}.kbp"
     compile_(seed_path, out, keys, cache, "--target", target)
     manifest = json.loads(members(out)["manifest.json"])
-    assert manifest["step"]["groups"] == 908 and manifest["target"] == target
+    assert manifest["step"]["groups"] == 661 and manifest["target"] == target
