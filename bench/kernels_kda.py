@@ -1,7 +1,9 @@
 """Benchmark cases for the KDA kernels and the norms at the seed's shapes (see bench/kernels.py).
 
 A KDA layer's decode work here is pack + conv + gates + recurrence + o_norm; the recurrent state
-(64 x 128 x 128 x 4 B, read and written) dominates its bytes. Budget: <= 5 us for the layer.
+(64 x 128 x 128 x 4 B, read and written) dominates its bytes. Budget: <= 5 us for the layer. The
+fused kernel (kernels/kda_fused.cuh, two splits, with and without PDL between launches) is timed
+against the five unfused product kernels launched back to back, over the same byte floor.
 
     python3 bench/kernels.py --only kda
 """
@@ -119,7 +121,82 @@ def _cases():
     return out
 
 
-CASES = _cases()
+def chain_bytes(d) -> int:
+    """The unavoidable traffic of a KDA layer's non-projection chain of sizes d (a KdaDims): state
+    and conv window read and written; taps, bias, gate weights and scales, A, delta and gamma read;
+    the six projection rows read and the gated output written."""
+    n, nv, c = d.hv * d.dk, d.hv * d.dv, d.channels
+    state = 2 * d.hv * d.dk * d.dv * 4 + 2 * c * d.width * 4
+    params = c * d.width * 2 + c * 2 + n * d.kf + n * 4 + nv * d.kg + nv * 4 + d.hv * 4 + n * 4 + d.dv * 2
+    rows = (2 * d.hk * d.dk + nv + d.kf + d.kg + d.hv) * 2 + nv * 2
+    return state + params + rows
+
+
+def _seed_dims():
+    from kbpc.codegen.families.kda_fused import KdaDims  # noqa: PLC0415
+    return KdaDims(H, H, DK, DK, KR, KR, W)
+
+
+def _fused_case(cph: int, pdl: bool) -> Case:
+    d = _seed_dims()
+    nbytes = chain_bytes(d)
+
+    def setup():
+        from kbpc.codegen.families.kda_fused import KdaShape, instance  # noqa: PLC0415
+        from kbpc.testing.gpu import poisoned, to_gpu  # noqa: PLC0415
+        from kbpc.testing.kda_chain import KdaLayerData, fused_args, upload  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        shape = KdaShape(d, cph)
+        run = launcher(instance(shape))
+        rng = np.random.default_rng(0)
+        sets = []
+        for _ in range(rotations(nbytes)):
+            data = KdaLayerData.random(rng, d, integer_gates=False)
+            dev = upload(data, data.step_inputs(rng), to_gpu)
+            sets.append(fused_args(d, dev, (1e-6, -5.0, 1e-5), {"y": poisoned((d.hv * d.dv,), np.uint16)}))
+
+        def launch(i):
+            run(shape.grid, shape.block, *sets[i % len(sets)], pdl=pdl, sync=False)
+        return launch
+    return Case(name=f"kda_fused::decode cph={cph}{' pdl' if pdl else ''}", shape=f"{H}x{DK}x{DK}, whole chain",
+                bytes_moved=nbytes, setup=setup)
+
+
+def _unfused_case(pdl: bool) -> Case:
+    """The five product kernels of the seed's first KDA layer back to back (the sum the fused kernel
+    replaces), on rotated parameter sets."""
+    d = _seed_dims()
+    nbytes = chain_bytes(d)
+
+    def setup():
+        from kbpc.testing.gpu import poisoned, to_gpu  # noqa: PLC0415
+        from kbpc.testing.kda_chain import KdaLayerData, bind, product_chain  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        seed = Path(__file__).resolve().parent.parent / "examples" / "glm-5.3-flash-nvfp4-tp3-512k.decode1.graph.json"
+        chain = product_chain(str(seed))
+        runs = [(launcher(l.instance), l) for l in chain.unfused]
+        rng = np.random.default_rng(0)
+        window, state = chain.state_names
+        sets = []
+        for _ in range(rotations(nbytes)):
+            data = KdaLayerData.random(rng, chain.dims, integer_gates=False)
+            arrays = {n: to_gpu(v) for n, v in data.named_weights(chain.block).items()}
+            arrays.update({window: to_gpu(data.window), state: to_gpu(data.state)})
+            arrays.update({chain.inputs[n]: to_gpu(v) for n, v in data.step_inputs(rng).items()})
+            arrays.update({b.name: poisoned((b.elements,), np.uint16 if b.format == "bf16" else np.float32)
+                           for b in chain.plan.buffers if b.name in chain.inner + (chain.gated,)})
+            sets.append([bind(l, chain.plan, arrays) for _, l in runs] + [arrays])
+
+        def launch(i):
+            for (run, l), args in zip(runs, sets[i % len(sets)]):
+                run(l.grid, l.block, *args, smem=l.smem, pdl=pdl, sync=False)
+        return launch
+    return Case(name=f"kda chain, 5 unfused kernels{' pdl' if pdl else ''}", shape=f"{H}x{DK}x{DK}, whole chain",
+                bytes_moved=nbytes, setup=setup)
+
+
+CASES = _cases() + [_fused_case(2, False), _fused_case(4, False), _fused_case(2, True), _unfused_case(False),
+                    _unfused_case(True)]
 
 if __name__ == "__main__":
     from kernels import main  # noqa: PLC0415

@@ -32,31 +32,83 @@
 namespace kbp {
 
 __device__ __forceinline__ float conv_sigmoid(float a) { return 1.0f / (1.0f + kbp::exp_f32(-a)); }
+__device__ __forceinline__ float conv_silu(float a) { return a * conv_sigmoid(a); }
+
+// A q/k head's L2 scale from its WARPS_PER_HEAD warp partials (each a shuffle-down tree over 32
+// channels), added in order: rsqrt(sum + eps).
+template <int WARPS_PER_HEAD>
+__device__ __forceinline__ float l2_head_scale(const float* partial, float eps) {
+    float ss = partial[0];
+#pragma unroll
+    for (int j = 1; j < WARPS_PER_HEAD; ++j) ss = ss + partial[j];
+    return kbp::rsqrt_f32(ss + eps);
+}
 
 __device__ __forceinline__ void conv_store(__nv_bfloat16* p, float v) { *p = f32_to_bf16(v); }
 __device__ __forceinline__ void conv_store(float* p, float v) { *p = v; }
+
+// A channel's stored window s_1..s_W (oldest first), read into registers.
+template <int W>
+__device__ __forceinline__ void conv_window_load(const float* __restrict__ s, float (&old)[W]) {
+    if constexpr (W == 4) {
+        const float4 w4 = *reinterpret_cast<const float4*>(s);
+        old[0] = w4.x; old[1] = w4.y; old[2] = w4.z; old[3] = w4.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; ++i) old[i] = s[i];
+    }
+}
+
+// The window after appending x_new: (s_2, ..., s_W, x_new).
+template <int W>
+__device__ __forceinline__ void conv_window_shift(const float (&old)[W], float x_new, float (&win)[W]) {
+#pragma unroll
+    for (int i = 0; i < W - 1; ++i) win[i] = old[i + 1];
+    win[W - 1] = x_new;
+}
+
+template <int W>
+__device__ __forceinline__ void conv_window_store(float* __restrict__ s, const float (&win)[W]) {
+    if constexpr (W == 4) {
+        *reinterpret_cast<float4*>(s) = make_float4(win[0], win[1], win[2], win[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; ++i) s[i] = win[i];
+    }
+}
+
+// acc0 + taps . window in FP32, taps oldest to newest; acc0 is the bias (+0.0 without one).
+template <int W>
+__device__ __forceinline__ float conv_window_dot(float acc0, const float (&win)[W],
+                                                 const __nv_bfloat16 (&tap)[W]) {
+    float acc = acc0;
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc = acc + bf16_to_f32(tap[i]) * win[i];
+    return acc;
+}
+
+template <int W>
+__device__ __forceinline__ void conv_taps_load(const __nv_bfloat16* __restrict__ tap, __nv_bfloat16 (&t)[W]) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) t[i] = tap[i];
+}
+
+__device__ __forceinline__ float conv_bias_value(const __nv_bfloat16* __restrict__ bias, int c) {
+    return bias != nullptr ? bf16_to_f32(bias[c]) : 0.0f;
+}
 
 // Shift channel c's window by one token (appending x), return bias + taps . window in FP32.
 template <int W>
 __device__ __forceinline__ float conv_window_step(float* __restrict__ s, float x_new,
                                                   const __nv_bfloat16* __restrict__ tap,
                                                   const __nv_bfloat16* __restrict__ bias, int c) {
-    float win[W];
-    if constexpr (W == 4) {
-        float4 w4 = *reinterpret_cast<const float4*>(s);
-        win[0] = w4.y; win[1] = w4.z; win[2] = w4.w; win[3] = x_new;
-        *reinterpret_cast<float4*>(s) = make_float4(win[0], win[1], win[2], win[3]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < W - 1; ++i) win[i] = s[i + 1];
-        win[W - 1] = x_new;
-#pragma unroll
-        for (int i = 0; i < W; ++i) s[i] = win[i];
-    }
-    float acc = bias != nullptr ? bf16_to_f32(bias[c]) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < W; ++i) acc = acc + bf16_to_f32(tap[i]) * win[i];
-    return acc;
+    float old[W], win[W];
+    __nv_bfloat16 t[W];
+    conv_window_load<W>(s, old);
+    conv_taps_load<W>(tap, t);
+    conv_window_shift<W>(old, x_new, win);
+    conv_window_store<W>(s, win);
+    return conv_window_dot<W>(conv_bias_value(bias, c), win, t);
 }
 
 template <int C, int C_QK, int DK, int W, int THREADS, typename OutT>
@@ -79,7 +131,7 @@ causal_conv1d_update_l2norm_dev(const __nv_bfloat16* __restrict__ x, int x_strid
         const float xn = bf16_to_f32(x[row * x_stride + c]);
         const float a = conv_window_step<W>(window + row * window_stride + (long)c * W, xn,
                                             taps + (long)c * W, bias, c);
-        u = a * conv_sigmoid(a);
+        u = conv_silu(a);
     }
     float y = u;
     // Block-uniform: does this block hold any q/k head? (C_QK is a multiple of 32, so each warp is
@@ -90,10 +142,7 @@ causal_conv1d_update_l2norm_dev(const __nv_bfloat16* __restrict__ x, int x_strid
         __syncthreads();
         if (blockIdx.x * THREADS + warp * 32 < C_QK) {
             const int first = (warp / WARPS_PER_HEAD) * WARPS_PER_HEAD;
-            float ss = partial[first];
-#pragma unroll
-            for (int j = 1; j < WARPS_PER_HEAD; ++j) ss = ss + partial[first + j];
-            y = u * kbp::rsqrt_f32(ss + eps);
+            y = u * l2_head_scale<WARPS_PER_HEAD>(partial + first, eps);
         }
     }
     if (c < C) conv_store(out + row * out_stride + c, y);

@@ -58,14 +58,18 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
            ((uint32_t)f32_to_e4m3(c) << 16) | ((uint32_t)f32_to_e4m3(d) << 24);
 }
 
-// This lane's 32 values of chunk c of a token row (zeros for a padding token).
-__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* __restrict__ row, bool live,
-                                                 int c, int t, float (&v)[32]) {
+// This lane's 32 values of chunk c of a token row as raw BF16 (zeros for a padding token).
+__device__ __forceinline__ void load_token_raw(const __nv_bfloat16* __restrict__ row, bool live, int c,
+                                               int t, uint4 (&raw)[4]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+        raw[w] = live ? reinterpret_cast<const uint4*>(row + c * 128 + 32 * t)[w] : make_uint4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ void unpack_token_raw(const uint4 (&raw)[4], float (&v)[32]) {
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-        const uint4 raw = live ? reinterpret_cast<const uint4*>(row + c * 128 + 32 * t)[w]
-                               : make_uint4(0, 0, 0, 0);
-        const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[w]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float2 f = __bfloat1622float2(p[e]);
@@ -75,9 +79,31 @@ __device__ __forceinline__ void load_token_slice(const __nv_bfloat16* __restrict
     }
 }
 
-// Quantize this lane's 32 values per chunk of a token row: s_a from the exact row max (the four
-// lanes of a token combine their maxima), codes packed 4 per word, lowest k in the low byte. The
-// second pass re-reads the row (an L1 hit) rather than holding K values in registers.
+// This lane's 32 values of chunk c of a token row (zeros for a padding token).
+__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* __restrict__ row, bool live,
+                                                 int c, int t, float (&v)[32]) {
+    uint4 raw[4];
+    load_token_raw(row, live, c, t, raw);
+    unpack_token_raw(raw, v);
+}
+
+// s_a from this lane's max |x| (the four lanes of a token combine their maxima: an exact max).
+__device__ __forceinline__ float token_scale(float amax) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    return fmaxf(amax / 448.0f, 1e-12f);
+}
+
+// E4M3 codes of 32 values, packed 4 per word, lowest k in the low byte.
+__device__ __forceinline__ void quantize_chunk(float (&v)[32], float sa, uint32_t (&xq)[8]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) xq[w] = e4m3x4(v[4 * w], v[4 * w + 1], v[4 * w + 2], v[4 * w + 3]);
+}
+
+// Quantize this lane's 32 values per chunk of a token row: s_a from the exact row max, then the
+// codes. The second pass re-reads the row (an L1 hit) rather than holding K values in registers.
 template <int K>
 __device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* __restrict__ row,
                                                       bool live, int t, uint32_t (&xq)[K / 128][8]) {
@@ -89,34 +115,66 @@ __device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* __res
 #pragma unroll
         for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
     }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float sa = fmaxf(amax / 448.0f, 1e-12f);
+    const float sa = token_scale(amax);
 #pragma unroll
     for (int c = 0; c < K / 128; ++c) {
         float v[32];
         load_token_slice(row, live, c, t, v);
-#pragma unroll
-        for (int e = 0; e < 32; ++e) v[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
-#pragma unroll
-        for (int w = 0; w < 8; ++w) xq[c][w] = e4m3x4(v[4 * w], v[4 * w + 1], v[4 * w + 2], v[4 * w + 3]);
+        quantize_chunk(v, sa, xq[c]);
     }
     return sa;
+}
+
+// The same quantization from the row already in registers (load_token_raw per chunk).
+template <int K>
+__device__ __forceinline__ float quantize_token_raw(const uint4 (&raw)[K / 128][4], uint32_t (&xq)[K / 128][8]) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) {
+        float v[32];
+        unpack_token_raw(raw[c], v);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    }
+    const float sa = token_scale(amax);
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) {
+        float v[32];
+        unpack_token_raw(raw[c], v);
+        quantize_chunk(v, sa, xq[c]);
+    }
+    return sa;
+}
+
+// One lane's weight bytes of a 16-row tile: rows n0+g (lo) and n0+g+8 (hi), 32 bytes per chunk.
+template <int K>
+struct GatesTile {
+    uint4 lo[K / 128][2], hi[K / 128][2];
+};
+
+template <int K>
+__device__ __forceinline__ void gates_tile_load(const uint8_t* __restrict__ w, int n0, int g, int t,
+                                                GatesTile<K>& tile) {
+    const uint4* lo = reinterpret_cast<const uint4*>(w + (long)(n0 + g) * K + 32 * t);
+    const uint4* hi = reinterpret_cast<const uint4*>(w + (long)(n0 + g + 8) * K + 32 * t);
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) {
+        tile.lo[c][0] = lo[c * 8]; tile.lo[c][1] = lo[c * 8 + 1];
+        tile.hi[c][0] = hi[c * 8]; tile.hi[c][1] = hi[c * 8 + 1];
+    }
 }
 
 // acc[0..1]: row n0+g, tokens 2t, 2t+1; acc[2..3]: row n0+g+8, same tokens. Each 128-wide chunk
 // is one tensor-core sum (four chained MMAs from zero); chunks fold like the wxay rowscale order:
 // partial w (of 8) adds chunks w, w+8, ... in FP32 from +0, then the partials add in order.
 template <int K>
-__device__ __forceinline__ void gates_tile_mma(const uint8_t* __restrict__ w, int n0, int g, int t,
-                                               const uint32_t (&xq)[K / 128][8], float (&acc)[4]) {
+__device__ __forceinline__ void gates_tile_mma(const GatesTile<K>& tile, const uint32_t (&xq)[K / 128][8],
+                                               float (&acc)[4]) {
     constexpr int KC = K / 128, PARTS = KC < 8 ? KC : 8;
-    const uint4* lo = reinterpret_cast<const uint4*>(w + (long)(n0 + g) * K + 32 * t);
-    const uint4* hi = reinterpret_cast<const uint4*>(w + (long)(n0 + g + 8) * K + 32 * t);
     float part[PARTS][4];
 #pragma unroll
     for (int c = 0; c < KC; ++c) {
-        const uint4 l0 = lo[c * 8], l1 = lo[c * 8 + 1], h0 = hi[c * 8], h1 = hi[c * 8 + 1];
+        const uint4 l0 = tile.lo[c][0], l1 = tile.lo[c][1], h0 = tile.hi[c][0], h1 = tile.hi[c][1];
         const uint32_t L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         const uint32_t Hh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
         float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -136,6 +194,25 @@ __device__ __forceinline__ void gates_tile_mma(const uint8_t* __restrict__ w, in
     }
 }
 
+template <int K>
+__device__ __forceinline__ void gates_tile_mma(const uint8_t* __restrict__ w, int n0, int g, int t,
+                                               const uint32_t (&xq)[K / 128][8], float (&acc)[4]) {
+    GatesTile<K> tile;
+    gates_tile_load<K>(w, n0, g, t, tile);
+    gates_tile_mma<K>(tile, xq, acc);
+}
+
+// The epilogue values, in FP32 op by op (one home for the fused KDA kernel too):
+// f = rn_bf16(acc * (s_w * s_a));  decay = lambda * sigmoid(expf(A) * (f + delta));  beta = sigmoid(b).
+__device__ __forceinline__ float gates_row_value(float acc, float sw, float sa) {
+    return round_bf16(acc * (sw * sa));
+}
+__device__ __forceinline__ float kda_decay_gate(float f, float a_log, float dt_bias, float lower_bound) {
+    const float z = kbp::exp_f32(a_log) * (f + dt_bias);
+    return lower_bound * (1.0f / (1.0f + kbp::exp_f32(-z)));
+}
+__device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + kbp::exp_f32(-b)); }
+
 template <int N, int K, int DK, int WARPS>
 __device__ __forceinline__ void
 kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
@@ -154,7 +231,7 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bf
     if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
         for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
             const int r = i / H, h = i % H;
-            beta[(long)r * beta_stride + h] = 1.0f / (1.0f + kbp::exp_f32(-bf16_to_f32(b[(long)r * b_stride + h])));
+            beta[(long)r * beta_stride + h] = kda_beta_gate(bf16_to_f32(b[(long)r * b_stride + h]));
         }
     const bool seg_f = blockIdx.x < BLOCKS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -175,11 +252,10 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bf
         const int n = n0 + g + (e >> 1) * 8;
         const float sa = __shfl_sync(0xffffffffu, sa_mine, 4 * tok);
         if (tok >= m) continue;
-        const float fb = round_bf16(acc[e] * (sw[n] * sa));
+        const float fb = gates_row_value(acc[e], sw[n], sa);
         if (seg_f) {
             if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(fb);
-            const float z = kbp::exp_f32(a_log[n / DK]) * (fb + dt_bias[n]);
-            decay[(long)tok * decay_stride + n] = lower_bound * (1.0f / (1.0f + kbp::exp_f32(-z)));
+            decay[(long)tok * decay_stride + n] = kda_decay_gate(fb, a_log[n / DK], dt_bias[n], lower_bound);
         } else {
             og[(long)tok * og_stride + n] = f32_to_bf16(fb);
         }

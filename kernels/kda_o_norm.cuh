@@ -27,6 +27,15 @@
 
 namespace kbp {
 
+// r = rsqrt(ss / D + eps) from the head's sum of squares, and y_i = rn_bf16(((o_i r) gamma_i) sigmoid(z_i)).
+template <int D>
+__device__ __forceinline__ float o_norm_scale(float ss, float eps) { return kbp::rsqrt_f32(ss / (float)D + eps); }
+__device__ __forceinline__ __nv_bfloat16 o_norm_gated(float oi, float r, __nv_bfloat16 gamma, __nv_bfloat16 gate) {
+    const float z = bf16_to_f32(gate);
+    const float sig = 1.0f / (1.0f + kbp::exp_f32(-z));
+    return f32_to_bf16(oi * r * bf16_to_f32(gamma) * sig);
+}
+
 template <int H, int D>
 __device__ __forceinline__ void
 kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
@@ -49,10 +58,9 @@ kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
         if (i == 0) total = t;
     }
     __syncthreads();
-    const float r = kbp::rsqrt_f32(total / (float)D + eps);
-    const float z = bf16_to_f32(gate[row * gate_stride + (long)h * D + i]);
-    const float sig = 1.0f / (1.0f + kbp::exp_f32(-z));
-    y[row * y_stride + (long)h * D + i] = f32_to_bf16(oi * r * bf16_to_f32(weight[h * weight_head_stride + i]) * sig);
+    const float r = o_norm_scale<D>(total, eps);
+    y[row * y_stride + (long)h * D + i] = o_norm_gated(oi, r, weight[h * weight_head_stride + i],
+                                                       gate[row * gate_stride + (long)h * D + i]);
 }
 
 template <int H, int D>

@@ -47,6 +47,58 @@ __device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* __restrict_
     }
 }
 
+// One token of one value column j: S[i] (key channel i) is the column, in registers (a float[DK])
+// or anywhere S[i] names a float lvalue (KdaSmemColumn). Pass 1 forms kv = sum_i (e^g_i S[i]) k_i;
+// u = beta (v_j - kv); pass 2 recomputes s_i = e^g_i S[i] (the same bits), stores S'[i] = s_i + k_i u
+// and reads out o = sum_i S'[i] q^_i. s_decay = e^g, s_k = k, s_q = q * scale: DK floats each in
+// shared memory, 16-byte aligned. Both sums start from their first term (no +0.0: bit-exact
+// signed zeros).
+template <int DK, typename Column>
+__device__ __forceinline__ float kda_column_step(Column& S, const float* s_decay, const float* s_k,
+                                                 const float* s_q, float vj, float beta) {
+    static_assert(DK % 4 == 0, "the staged factors are read as float4");
+    float kv;
+#pragma unroll
+    for (int i4 = 0; i4 < DK / 4; ++i4) {  // 16-byte shared loads: fewer live registers
+        const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
+        const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
+        const float dd[4] = {d4.x, d4.y, d4.z, d4.w}, kk[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = (dd[e] * S[4 * i4 + e]) * kk[e];
+            kv = (i4 == 0 && e == 0) ? p : kv + p;
+        }
+    }
+    const float u = beta * (vj - kv);
+    // A compiler-only barrier: pass 2 re-reads a column in memory instead of keeping pass 1's
+    // DK loads live in registers (no effect on a register column).
+    asm volatile("" ::: "memory");
+    float o;
+#pragma unroll
+    for (int i4 = 0; i4 < DK / 4; ++i4) {
+        const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
+        const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
+        const float4 q4 = reinterpret_cast<const float4*>(s_q)[i4];
+        const float dd[4] = {d4.x, d4.y, d4.z, d4.w}, kk[4] = {k4.x, k4.y, k4.z, k4.w};
+        const float qq[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float s = dd[e] * S[4 * i4 + e] + kk[e] * u;
+            S[4 * i4 + e] = s;
+            const float p = s * qq[e];
+            o = (i4 == 0 && e == 0) ? p : o + p;
+        }
+    }
+    return o;
+}
+
+// A state column in shared memory: element i at p[i * stride].
+struct KdaSmemColumn {
+    float* p;
+    int stride;
+    __device__ __forceinline__ float& operator[](int i) const { return p[i * stride]; }
+};
+
 template <int HK, int HV, int DK, int DV, int COLS, int T>
 __device__ __forceinline__ void
 kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* __restrict__ q,
@@ -79,34 +131,8 @@ kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* __restrict__ q,
         kda_stage_token<DK, COLS>(q + qk_off, k + qk_off, log_decay + row * decay_stride + (long)h * DK,
                                   scale, s_decay, s_k, s_q);
         __syncthreads();
-        float kv;  // the column sums start from their first term (no +0.0: bit-exact signed zeros)
-#pragma unroll
-        for (int i4 = 0; i4 < DK / 4; ++i4) {  // 16-byte shared loads: fewer live registers
-            const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
-            const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
-            const float dd[4] = {d4.x, d4.y, d4.z, d4.w}, kk[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                S[4 * i4 + e] = dd[e] * S[4 * i4 + e];
-                const float p = S[4 * i4 + e] * kk[e];
-                kv = (i4 == 0 && e == 0) ? p : kv + p;
-            }
-        }
         const float vj = bf16_to_f32(v[row * qkv_stride + (long)h * DV + j]);
-        const float u = beta[row * beta_stride + h] * (vj - kv);
-        float o;
-#pragma unroll
-        for (int i4 = 0; i4 < DK / 4; ++i4) {
-            const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
-            const float4 q4 = reinterpret_cast<const float4*>(s_q)[i4];
-            const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, qq[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                S[4 * i4 + e] = S[4 * i4 + e] + kk[e] * u;
-                const float p = S[4 * i4 + e] * qq[e];
-                o = (i4 == 0 && e == 0) ? p : o + p;
-            }
-        }
+        const float o = kda_column_step<DK>(S, s_decay, s_k, s_q, vj, beta[row * beta_stride + h]);
         out[row * out_stride + (long)h * DV + j] = o;
         if (t + 1 < T) {
             float* sc = snap + (seq * (T - 1) + t) * (long)HV * DK * DV + (long)h * DK * DV + j;

@@ -48,6 +48,12 @@ def _norm_then_fp8_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     return None
 
 
+def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The fused KDA kernel's formats and size limits (kbpc/codegen/families/kda_fused.py)."""
+    from kbpc.codegen.families.kda_fused import chain_fits  # noqa: PLC0415  (codegen imports this table)
+    return chain_fits(bp, nodes)
+
+
 FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
@@ -57,6 +63,12 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "fewer"),
     FusionRule("hc_head_norm", "glm_mhc", ("hc_post", "hc_contract", "final_norm"), "hc_contract",
                "the last post-mix, the stream mean and the final RMSNorm in one kernel: two launches fewer"),
+    FusionRule("kda_chain", "kda_fused",
+               ("concat", "conv1d_update", "state_snapshot", "l2_norm", "act_quant", "linear:kda_f_b", "gdn_gates",
+                "act_quant", "linear:kda_g_b", "gdn_recurrence", "gated_rms_norm"), "gdn_recurrence",
+               "a KDA layer's pack, conv + L2 norm, FP8 gates, recurrence and gated norm in one kernel "
+               "(kernels/kda_fused.cuh): five launches become one, the packed row, the conv output, the "
+               "gates and the recurrence output stay on chip", _kda_chain_fits),
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),

@@ -47,7 +47,7 @@ def variant_for(target: Target, family: str) -> str:
         # on sm_120/121 the block-scaled MMA path exists in the header but is not used until it has
         # been validated on such hardware.
         return "e2m1_dp4a_exact"
-    if family in ("wxay", "kda_gates_w8a8"):
+    if family in ("wxay", "kda_gates_w8a8", "kda_fused"):
         return "fp8_mma" if target.fp8_mma else "fp8_dequant_fma"
     return "cuda_core"
 
