@@ -3,28 +3,31 @@
 // unfused chain: router GEMV -> top-k, act_quant -> routed gate_up, SwiGLU-clamp -> act_quant ->
 // routed down, shared expert pair, combine).
 //
-// Launch contract (both kernels): block 256, dynamic shared memory moe_gate_up_smem / moe_down_smem
-//   bytes (> 48 KB: the launcher raises cudaFuncAttributeMaxDynamicSharedMemorySize), any 1-D grid
-//   (work is claimed dynamically; 2 CTAs per SM fill an H200: grid = 2 * SMs). PDL: weights are
-//   prefetched into L2 before pdl_wait, dependents are released right after it. Launches of one
-//   instantiation (one TU) must not overlap: each kernel keeps its counters in the TU and the last
-//   CTA resets them (graph replays start clean).
+// Launch contract: kbp::moe_layer<H, I, ISH, E, TOPK, M, PG, SG, PD, SD>(phase, ...) is launched
+//   twice on one stream with the same arguments: phase 0 (moe_gate_up) then phase 1 (moe_down).
+//   Block 256; dynamic shared memory moe_gate_up_smem<..PG, SG>() / moe_down_smem<..PD, SD>()
+//   bytes (> 48 KB: the launcher raises cudaFuncAttributeMaxDynamicSharedMemorySize); any 1-D
+//   grid (work is claimed dynamically; 2 CTAs per SM fill an H200: grid = 2 * SMs). PDL: weights
+//   are prefetched into L2 before pdl_wait, dependents are released right after it. Launches of
+//   one instance (one TU) must not overlap: it keeps its counters and scratch in the TU, and the
+//   last CTA resets the counters (graph replays start clean).
 //   Shapes (template): H hidden (gate_up K, down N), I routed intermediate, ISH shared intermediate
-//   (0: no shared expert), E experts, TOPK slots per token, M tokens, P K-parts of the routed GEMVs
-//   (1, 2, 4, 8: more, smaller work items when N is small; the bits do not depend on P), STAGES the
-//   cp.async ring depth. H % 128 == 0, I % 128 == 0 (hence I % 16), ISH % 16 == 0, E <= 1024,
-//   TOPK <= 32. Router weights BF16; expert weights NVFP4 (plain layout) stacked per expert.
+//   (0: no shared expert), E experts, TOPK slots per token, M tokens, PG / PD the K parts of the
+//   routed gate_up / down GEMVs (1, 2, 4, 8: more, smaller work items when N is small; the bits
+//   do not depend on them), SG / SD the cp.async ring depths. H % 128 == 0, I % 128 == 0,
+//   ISH % 16 == 0, E <= 1024, TOPK <= 32. Router weights BF16; expert weights NVFP4, plain layout.
+//   Arguments: phase, xn [M][H] bf16, w_router [E][H] bf16, bias [E] f32, routed_scale, gamma_gu
+//     (the gate_up's static activation scale), gate_up codes [E][2I][H/2], scales [E][2I][H/16],
+//     s_g [E] f32, gamma_dn, limit (swiglu_limit), down codes [E][H][I/2], scales [E][H][I/16],
+//     s_g [E] f32, shared gate_up codes [2ISH][H/2], scales [2ISH][H/16], s_g, shared down codes
+//     [H][ISH/2], scales [H][ISH/16], s_g, y [M][H] bf16 (out), prefetch_rows (phase 0 prefetches
+//     the first rows of every routed expert's down weight into L2 as its CTAs leave; 0: none),
+//     then the taps, each nullptr or a buffer: logits [M][E] f32, topk_w [M][TOPK] f32, topk_id
+//     [M][TOPK] i32, dn_codes [M*TOPK][I/2], dn_scales [M*TOPK][I/16], sh_x [M][ISH] f32, egu
+//     [M*TOPK][2I] bf16, sgu [M][2ISH] bf16, edown [M*TOPK][H] bf16, sdown [M][H] bf16. A null
+//     tap lives in the instance's scratch (egu / sgu are then not written at all).
 //
-// kbp::moe_gate_up<H, I, ISH, E, TOPK, M, P, STAGES>(
-//     xn [M][H] bf16, w_router [E][H] bf16, bias [E] f32, routed_scale, gamma_gu,
-//     gu_codes [E][2I][H/2], gu_scales [E][2I][H/16], gu_sg [E] f32, gamma_dn, limit,
-//     sh_codes [2ISH][H/2], sh_scales [2ISH][H/16], sh_sg,
-//     topk_w [M][TOPK] f32 (out), topk_id [M][TOPK] i32 (out),
-//     dn_codes [M*TOPK][I/2] (out), dn_scales [M*TOPK][I/16] (out), sh_x [M][ISH] f32 (out),
-//     logits [M][E] f32 (out, or nullptr: TU scratch), egu [M*TOPK][2I] bf16, sgu [M][2ISH] bf16
-//     (optional outputs, nullptr to skip), nx_codes, nx_scales, nx_rows (optional: the down
-//     weights [E][H][I/2], [E][H][I/16]; each CTA leaving prefetches its share of the first nx_rows
-//     rows of every routed expert's down weight into L2))
+// Phase 0, moe_gate_up (moe_gate_up_dev):
 //   1. router units (claimed): logits = dense_gemv_bf16<H, float> (4 experts a unit), and the
 //      static NVFP4 quantization of xn under gamma_gu (256 groups a unit, into TU scratch); the
 //      unit that completes the set runs router_topk_row for every token and raises a flag.
@@ -33,14 +36,10 @@
 //   3. after the flag, routed items: 16 gate + 16 up rows of slot s, gate_up = rn_bf16(sum *
 //      f32(gamma_gu * s_g)), h = rn_bf16(swiglu_clamp_element(g, u, L)), the 16 h values quantized
 //      as one NVFP4 group under gamma_dn (nvfp4_quant_group) into dn_codes / dn_scales.
-//
-// kbp::moe_down<H, I, ISH, TOPK, M, P, STAGES>(
-//     topk_id, topk_w, dn_codes, dn_scales, gamma_dn, w_codes [E][H][I/2], w_scales [E][H][I/16],
-//     w_sg [E] f32, sh_x, shd_codes [H][ISH/2], shd_scales [H][ISH/16], shd_sg,
-//     edown [M*TOPK][H] bf16 (out), sdown [M][H] bf16 (out), y [M][H] bf16 (out))
-//   shared down items (16 rows, w4a16_gemv_silu_clamp_input's order from sh_x), routed down items
-//   (32 rows of slot s: rn_bf16(sum * f32(gamma_dn * s_g))); the last of a tile's TOPK (+2 shared)
-//   arrivals combines: y = rn_bf16(sum over live slots in order fl(w * e) + sh) (moe_combine_body).
+// Phase 1, moe_down (moe_down_dev): shared down items (16 rows, w4a16_gemv_silu_clamp_input's
+//   order from sh_x), routed down items (32 rows of slot s: rn_bf16(sum * f32(gamma_dn * s_g)));
+//   the last of a tile's TOPK (+2 shared) arrivals combines: y = rn_bf16(sum over live slots in
+//   order fl(w * e) + sh) (moe_combine_body).
 // Slots with id -1 produce +0 rows (no weight loads) and are skipped by the combine.
 #pragma once
 
@@ -345,21 +344,6 @@ __device__ __forceinline__ void moe_gate_up_dev(
     });
 }
 
-template <int H, int I, int ISH, int E, int TOPK, int M, int P, int STAGES>
-__global__ void __launch_bounds__(MOE_THREADS, 2) moe_gate_up(
-    const __nv_bfloat16* __restrict__ xn, const __nv_bfloat16* __restrict__ w_router, const float* __restrict__ bias,
-    float routed_scale, float gamma_gu, const uint8_t* __restrict__ gu_codes, const uint8_t* __restrict__ gu_scales,
-    const float* __restrict__ gu_sg, float gamma_dn, float limit, const uint8_t* __restrict__ sh_codes,
-    const uint8_t* __restrict__ sh_scales, float sh_sg, float* topk_w, int* topk_id, uint8_t* __restrict__ dn_codes,
-    uint8_t* __restrict__ dn_scales, float* __restrict__ sh_x, float* logits, __nv_bfloat16* __restrict__ egu,
-    __nv_bfloat16* __restrict__ sgu, const uint8_t* __restrict__ nx_codes, const uint8_t* __restrict__ nx_scales,
-    int nx_rows) {
-    moe_gate_up_dev<H, I, ISH, E, TOPK, M, P, STAGES>(xn, w_router, bias, routed_scale, gamma_gu, gu_codes, gu_scales,
-                                                      gu_sg, gamma_dn, limit, sh_codes, sh_scales, sh_sg, topk_w, topk_id,
-                                                      dn_codes, dn_scales, sh_x, logits, egu, sgu, nx_codes, nx_scales,
-                                                      nx_rows);
-}
-
 // ------------------------------------------------------------------ the down kernel
 
 // Warp 0 of the CTA completing (token t, rows n0..n0+31): the combine of moe_combine_body.
@@ -462,15 +446,53 @@ __device__ __forceinline__ void moe_down_dev(
     moe_leave(&st.exits, [&] { st.claim_shared = st.claim_routed = st.exits = 0u; });
 }
 
-template <int H, int I, int ISH, int TOPK, int M, int P, int STAGES>
-__global__ void __launch_bounds__(MOE_THREADS, 2) moe_down(
-    const int* __restrict__ topk_id, const float* __restrict__ topk_w, const uint8_t* __restrict__ dn_codes,
-    const uint8_t* __restrict__ dn_scales, float gamma_dn, const uint8_t* __restrict__ w_codes,
-    const uint8_t* __restrict__ w_scales, const float* __restrict__ w_sg, const float* __restrict__ sh_x,
+// ------------------------------------------------------------------ the layer kernel
+
+namespace {
+// What phase 0 hands to phase 1 when the caller gives no buffer for it (inside a fused group these
+// tensors have no arena buffer): the instance's own device memory.
+template <int H, int I, int ISH, int E, int TOPK, int M>
+struct MoeLayerScratch {
+    float topk_w[M * TOPK];
+    int topk_id[M * TOPK];
+    uint2 dn_codes[M * TOPK * (I / 16)];
+    uint8_t dn_scales[M * TOPK * (I / 16)];
+    float sh_x[M * (ISH > 0 ? ISH : 1)];
+    __nv_bfloat16 edown[M * TOPK * H];
+    __nv_bfloat16 sdown[M * H];
+};
+template <int H, int I, int ISH, int E, int TOPK, int M>
+__device__ MoeLayerScratch<H, I, ISH, E, TOPK, M> moe_layer_scratch;
+}  // namespace
+
+template <int H, int I, int ISH, int E, int TOPK, int M, int PG, int SG, int PD, int SD>
+__global__ void __launch_bounds__(MOE_THREADS, 2) moe_layer(
+    int phase, const __nv_bfloat16* __restrict__ xn, const __nv_bfloat16* __restrict__ w_router,
+    const float* __restrict__ bias, float routed_scale, float gamma_gu, const uint8_t* __restrict__ gu_codes,
+    const uint8_t* __restrict__ gu_scales, const float* __restrict__ gu_sg, float gamma_dn, float limit,
+    const uint8_t* __restrict__ dn_codes_w, const uint8_t* __restrict__ dn_scales_w, const float* __restrict__ dn_sg,
+    const uint8_t* __restrict__ sh_codes, const uint8_t* __restrict__ sh_scales, float sh_sg,
     const uint8_t* __restrict__ shd_codes, const uint8_t* __restrict__ shd_scales, float shd_sg,
-    __nv_bfloat16* edown, __nv_bfloat16* sdown, __nv_bfloat16* __restrict__ y) {
-    moe_down_dev<H, I, ISH, TOPK, M, P, STAGES>(topk_id, topk_w, dn_codes, dn_scales, gamma_dn, w_codes, w_scales,
-                                                w_sg, sh_x, shd_codes, shd_scales, shd_sg, edown, sdown, y);
+    __nv_bfloat16* __restrict__ y, int prefetch_rows, float* logits, float* topk_w, int* topk_id,
+    uint8_t* dn_codes, uint8_t* dn_scales, float* sh_x, __nv_bfloat16* egu, __nv_bfloat16* sgu,
+    __nv_bfloat16* edown, __nv_bfloat16* sdown) {
+    auto& sc = moe_layer_scratch<H, I, ISH, E, TOPK, M>;
+    topk_w = topk_w != nullptr ? topk_w : sc.topk_w;
+    topk_id = topk_id != nullptr ? topk_id : sc.topk_id;
+    dn_codes = dn_codes != nullptr ? dn_codes : reinterpret_cast<uint8_t*>(sc.dn_codes);
+    dn_scales = dn_scales != nullptr ? dn_scales : sc.dn_scales;
+    sh_x = sh_x != nullptr ? sh_x : sc.sh_x;
+    edown = edown != nullptr ? edown : sc.edown;
+    sdown = sdown != nullptr ? sdown : sc.sdown;
+    if (phase == 0)
+        moe_gate_up_dev<H, I, ISH, E, TOPK, M, PG, SG>(xn, w_router, bias, routed_scale, gamma_gu, gu_codes, gu_scales,
+                                                       gu_sg, gamma_dn, limit, sh_codes, sh_scales, sh_sg, topk_w,
+                                                       topk_id, dn_codes, dn_scales, sh_x, logits, egu, sgu,
+                                                       dn_codes_w, dn_scales_w, prefetch_rows);
+    else
+        moe_down_dev<H, I, ISH, TOPK, M, PD, SD>(topk_id, topk_w, dn_codes, dn_scales, gamma_dn, dn_codes_w,
+                                                 dn_scales_w, dn_sg, sh_x, shd_codes, shd_scales, shd_sg, edown,
+                                                 sdown, y);
 }
 
 }  // namespace kbp

@@ -30,4 +30,11 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),
+    FusionRule("moe_layer", "glm_moe_layer",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down", "linear:shared_gate_up", "swiglu_clamp", "silu_mul", "linear:shared_down",
+                "blend"), "router",
+               "a MoE layer in two launches over every SM: router GEMV with its top-k, the expert input "
+               "quantized once, the shared expert beside the routed ones, SwiGLU and the down input's "
+               "quantization in the gate_up epilogue, the combine in the down epilogue"),
 )

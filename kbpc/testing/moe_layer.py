@@ -1,70 +1,59 @@
-"""The fused MoE layer's kernels for GPU tests and benchmarks: extern "C" wrappers of
-moe_gate_up_dev / moe_down_dev at planned shapes, and their argument lists in kernel order.
+"""The fused MoE layer kernel (kbp::moe_layer) for GPU tests and benchmarks, through the product's
+own launcher (kbpc.testing.launchers): named arguments bound in the kernel's order, and both
+phases launched back to back.
 
-PyCUDA is imported lazily (nothing here touches a GPU until a function that launches is called).
-Until the typed launch layer lands, this is how tests instantiate the kernels; then they move to
-kbpc.testing.launchers with the product's generated launchers."""
+PyCUDA is imported lazily (nothing here touches a GPU until a launch)."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from kbpc.codegen.families.glm_moe_layer import MoeKernelPlan, THREADS
+from kbpc.codegen.families.glm_moe_layer import PARAM_NAMES, THREADS, MoeLayerPlan
 
-GATE_UP_PARAMS = (
-    "const __nv_bfloat16* xn", "const __nv_bfloat16* wr", "const float* bias", "float rs", "float ggu",
-    "const uint8_t* gc", "const uint8_t* gs", "const float* gsg", "float gdn", "float lim", "const uint8_t* shc",
-    "const uint8_t* shs", "float shsg", "float* tw", "int* ti", "uint8_t* dc", "uint8_t* ds", "float* shx",
-    "float* lg", "__nv_bfloat16* egu", "__nv_bfloat16* sgu", "const uint8_t* nxc", "const uint8_t* nxs", "int nxr")
-DOWN_PARAMS = (
-    "const int* ti", "const float* tw", "const uint8_t* dc", "const uint8_t* ds", "float gdn", "const uint8_t* wc",
-    "const uint8_t* ws", "const float* wsg", "const float* shx", "const uint8_t* sc", "const uint8_t* ss",
-    "float ssg", "__nv_bfloat16* ed", "__nv_bfloat16* sd", "__nv_bfloat16* y")
-
-
-def _names(params: tuple[str, ...]) -> str:
-    return ", ".join(p.rsplit(" ", 1)[1] for p in params)
-
-
-def wrapper(name: str, plan: MoeKernelPlan) -> str:
-    """An extern "C" kernel `name` running plan.kernel's device body."""
-    params = GATE_UP_PARAMS if "moe_gate_up" in plan.kernel else DOWN_PARAMS
-    body = plan.kernel.replace("kbp::moe_gate_up<", "kbp::moe_gate_up_dev<").replace("kbp::moe_down<", "kbp::moe_down_dev<")
-    return (f'extern "C" __global__ void __launch_bounds__({THREADS}, 2) {name}({", ".join(params)}) '
-            f"{{ {body}({_names(params)}); }}\n")
-
-
-def source(kernels: dict[str, MoeKernelPlan]) -> str:
-    return '#include <cuda_bf16.h>\n#include "glm_moe_layer.cuh"\n' + "".join(
-        wrapper(name, plan) for name, plan in kernels.items())
-
-
-def null() -> np.uintp:
-    return np.uintp(0)
+F32 = np.float32
+SCALARS = {"routed_scale", "gamma_gu", "gamma_dn", "limit", "sh_sg", "shd_sg"}
 
 
 @dataclass(frozen=True)
-class Launcher:
-    """A loaded wrapper with its dynamic shared memory raised and its plan's launch shape."""
-    fn: object
-    plan: MoeKernelPlan
+class MoeLayerRun:
+    """A loaded instance and its plan."""
+    plan: MoeLayerPlan
+    launch: object   # kbpc.testing.launchers.Launcher
 
-    def __call__(self, *args, grid: int | None = None, stream=None) -> None:
-        self.fn(*args, block=(THREADS, 1, 1), grid=(grid or self.plan.grid, 1), shared=self.plan.smem,
-                stream=stream)
+    def args(self, phase: int, **named) -> tuple:
+        """The argument tuple of a phase: every name of PARAM_NAMES but `phase`; pointers are
+        GPUArrays or None (null), FP32 scalars are converted, prefetch_rows defaults to 0."""
+        named.setdefault("prefetch_rows", 0)
+        unknown = set(named) - set(PARAM_NAMES)
+        missing = set(PARAM_NAMES[1:]) - set(named)
+        if unknown or missing:
+            raise TypeError(f"moe_layer arguments: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        vals = {n: (F32(v) if n in SCALARS else v) for n, v in named.items()}
+        vals["prefetch_rows"] = np.int32(vals["prefetch_rows"])
+        return (np.int32(phase), *(vals[n] for n in PARAM_NAMES[1:]))
+
+    def __call__(self, grid: int | None = None, pdl: bool = False, **named) -> None:
+        """Phase 0 then phase 1 on the default stream (no synchronization)."""
+        for phase, p in ((0, self.plan.gate_up), (1, self.plan.down)):
+            self.launch((grid or p.grid, 1, 1), (THREADS, 1, 1), *self.args(phase, **named), smem=p.smem, pdl=pdl,
+                        sync=False)
 
 
-def launcher(module, name: str, plan: MoeKernelPlan) -> Launcher:
-    import pycuda.driver as cuda  # noqa: PLC0415
+def load(plans: list[MoeLayerPlan]) -> list[MoeLayerRun]:
+    """Build the instances' launchers (nvcc in parallel), in order."""
+    from kbpc.testing.gpu import _cuda  # noqa: PLC0415
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
 
-    fn = module.get_function(name)
-    fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, plan.smem)
-    return Launcher(fn, plan)
+    _cuda()  # PyCUDA's context is made current in this thread, before any worker imports it
+    with ThreadPoolExecutor(max(1, len(plans))) as pool:
+        launches = list(pool.map(lambda p: launcher(p.instance()), plans))
+    return [MoeLayerRun(p, l) for p, l in zip(plans, launches)]
 
 
 def sm_count() -> int:
-    import pycuda.autoprimaryctx  # noqa: F401, PLC0415
-    import pycuda.driver as cuda  # noqa: PLC0415
+    from kbpc.testing.gpu import _cuda  # noqa: PLC0415
 
+    cuda = _cuda()
     return cuda.Context.get_device().get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)

@@ -1,6 +1,6 @@
-"""GPU tests of the fused MoE layer (kernels/glm_moe_layer.cuh: moe_gate_up, moe_down) against
-kbpc.reference.glm_moe_layer, byte for byte (exact mode: the kernels run the families' exact
-orders, so nothing here has a tolerance).
+"""GPU tests of the fused MoE layer (kernels/glm_moe_layer.cuh: kbp::moe_layer, phase 0 moe_gate_up
+and phase 1 moe_down, launched through the product's launcher) against kbpc.reference.glm_moe_layer,
+byte for byte (exact mode: the kernels run the families' exact orders: nothing has a tolerance).
 
 Every output and debug output is poisoned first and compared whole: router logits, weights and
 ids, the gate_up rows, the quantized down input (codes and scales), the shared expert's rows and
@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kbpc.codegen.families.glm_moe_layer import MoeLayerShape, down_plan, gate_up_plan, plan_moe_layer
+from kbpc.codegen.families.glm_moe_layer import MoeLayerPlan, MoeLayerShape, phase_plan, plan_moe_layer
 from kbpc.reference import dense_bf16, glm_router_topk, glm_swiglu_clamp
 from kbpc.reference import glm_moe_layer as ML
 from kbpc.reference.formats import bf16_bits, to_bf16
@@ -54,22 +54,18 @@ class Case:
     seed: int
 
 
-def _plans(name, grid):
+def _plan(name, sms) -> MoeLayerPlan:
     shape, gu, dn, _ = CONFIGS[name]
-    planned = plan_moe_layer(shape, grid // 2)
-    return (gate_up_plan(shape, *gu, grid) if gu else planned[0], down_plan(shape, *dn, grid) if dn else planned[1])
+    planned = plan_moe_layer(shape, sms)
+    return MoeLayerPlan(shape, phase_plan(shape, 0, *gu, 2 * sms) if gu else planned.gate_up,
+                        phase_plan(shape, 1, *dn, 2 * sms) if dn else planned.down)
 
 
 @pytest.fixture(scope="module")
 def moe_module():
     from kbpc.testing import moe_layer  # noqa: PLC0415
-    grid = 2 * moe_layer.sm_count()
-    kernels = {}
-    for name in CONFIGS:
-        gu, dn = _plans(name, grid)
-        kernels[f"gu_{name}"], kernels[f"dn_{name}"] = gu, dn
-    mod = _gpu().load_module(moe_layer.source(kernels), "moe_layer_tests")
-    return {k: moe_layer.launcher(mod, k, plan) for k, plan in kernels.items()}
+    sms = moe_layer.sm_count()
+    return dict(zip(CONFIGS, moe_layer.load([_plan(name, sms) for name in CONFIGS])))
 
 
 # ------------------------------------------------------------------ data
@@ -176,19 +172,14 @@ def _run(case, dev, kernels, xn, p, sg_full, grid=None):
                    sdown=g.poisoned((m, h), np.uint16))
     sh, shd = p.shared_gate_up, p.shared_down
     shared = [g.to_gpu(a) for a in (sh.packed, sh.scales, shd.packed, shd.scales)] if ish else [None] * 4
-    gu_sg, dn_sg = g.to_gpu(sg_full[0]), g.to_gpu(sg_full[1])
-    xn_d, w_d, b_d = g.to_gpu(bf16_bits(xn)), g.to_gpu(bf16_bits(p.w_router)), g.to_gpu(p.bias)
-    kernels[f"gu_{case.name}"](
-        xn_d.gpudata, w_d.gpudata, b_d.gpudata, F32(p.routed_scale), F32(p.gamma_gate_up), dev.gu[0].gpudata,
-        dev.gu[1].gpudata, gu_sg.gpudata, F32(p.gamma_down), F32(p.limit), _ptr(shared[0]), _ptr(shared[1]),
-        F32(sh.global_scale if ish else 0), out["topk_w"].gpudata, out["topk_id"].gpudata, out["dn_codes"].gpudata,
-        out["dn_scales"].gpudata, _ptr(out.get("sh_x")), out["logits"].gpudata, out["egu"].gpudata,
-        _ptr(out.get("sgu")), dev.dn[0].gpudata, dev.dn[1].gpudata, np.int32(h // 4), grid=grid)
-    kernels[f"dn_{case.name}"](
-        out["topk_id"].gpudata, out["topk_w"].gpudata, out["dn_codes"].gpudata, out["dn_scales"].gpudata,
-        F32(p.gamma_down), dev.dn[0].gpudata, dev.dn[1].gpudata, dn_sg.gpudata, _ptr(out.get("sh_x")),
-        _ptr(shared[2]), _ptr(shared[3]), F32(shd.global_scale if ish else 0), out["edown"].gpudata,
-        _ptr(out.get("sdown")), out["y"].gpudata, grid=grid)
+    kernels[case.name](
+        grid=grid, xn=g.to_gpu(bf16_bits(xn)), w_router=g.to_gpu(bf16_bits(p.w_router)), bias=g.to_gpu(p.bias),
+        routed_scale=p.routed_scale, gamma_gu=p.gamma_gate_up, gu_codes=dev.gu[0], gu_scales=dev.gu[1],
+        gu_sg=g.to_gpu(sg_full[0]), gamma_dn=p.gamma_down, limit=p.limit, dn_codes_w=dev.dn[0],
+        dn_scales_w=dev.dn[1], dn_sg=g.to_gpu(sg_full[1]), sh_codes=shared[0], sh_scales=shared[1],
+        sh_sg=sh.global_scale if ish else 0.0, shd_codes=shared[2], shd_scales=shared[3],
+        shd_sg=shd.global_scale if ish else 0.0, prefetch_rows=h // 4, sdown=out.get("sdown"), sgu=out.get("sgu"),
+        sh_x=out.get("sh_x"), **{n: a for n, a in out.items() if n not in ("sdown", "sgu", "sh_x")})
     g.synchronize()
     return {name: g.fetch(arr, name, allow_nan=name == "dn_codes") for name, arr in out.items()}
 
@@ -278,12 +269,15 @@ def test_moe_down_repeated_and_empty_ids(moe_module):
     out = {"edown": g.poisoned((s.top_k, s.hidden), np.uint16), "sdown": g.poisoned((1, s.hidden), np.uint16),
            "y": g.poisoned((1, s.hidden), np.uint16)}
     shd = [g.to_gpu(a) for a in (shared[1].packed, shared[1].scales)]
-    moe_module[f"dn_{case.name}"](
-        g.to_gpu(ids).gpudata, g.to_gpu(weights).gpudata, g.to_gpu(dn_in[0]).gpudata, g.to_gpu(dn_in[1]).gpudata,
-        F32(0.01), dev.dn[0].gpudata, dev.dn[1].gpudata, g.to_gpu(experts[1].sg).gpudata, g.to_gpu(sh_x).gpudata,
-        shd[0].gpudata, shd[1].gpudata, F32(shared[1].global_scale), out["edown"].gpudata, out["sdown"].gpudata,
-        out["y"].gpudata)
-    g.synchronize()
+    run = moe_module[case.name]
+    # phase 1 alone: the taps hand it the ids, weights and inputs a phase 0 would have produced
+    run.launch((run.plan.down.grid, 1, 1), (256, 1, 1), *run.args(
+        1, xn=None, w_router=None, bias=None, routed_scale=2.5, gamma_gu=1.0, gu_codes=None, gu_scales=None,
+        gu_sg=None, gamma_dn=0.01, limit=1.0, dn_codes_w=dev.dn[0], dn_scales_w=dev.dn[1],
+        dn_sg=g.to_gpu(experts[1].sg), sh_codes=None, sh_scales=None, sh_sg=0.0, shd_codes=shd[0], shd_scales=shd[1],
+        shd_sg=shared[1].global_scale, y=out["y"], logits=None, topk_w=g.to_gpu(weights), topk_id=g.to_gpu(ids),
+        dn_codes=g.to_gpu(dn_in[0]), dn_scales=g.to_gpu(dn_in[1]), sh_x=g.to_gpu(sh_x), egu=None, sgu=None,
+        edown=out["edown"], sdown=out["sdown"]), smem=run.plan.down.smem, sync=True)
     edown = g.fetch(out["edown"], "edown")
     _same(edown[ids[0] >= 0], want.edown[0][ids[0] >= 0], "routed down rows", case)
     assert not (edown[ids[0] < 0] & 0x7FFF).any(), "an empty slot's row is not +0"

@@ -7,6 +7,7 @@ from typing import Callable
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dsa_indexer, embed_copy,
                                     glm_mhc, glm_mla_decode, glm_mla_latent_write, glm_moe_combine,
+                                    glm_moe_layer,
                                     glm_router_topk, glm_swiglu_clamp, kda_gates_w8a8, kda_o_norm,
                                     kda_pack, kda_recurrent, layer_norm, rms_norm, w4a4_mx,
                                     w4a4_mx_static, w4a16_gemv, w8a8_act_quant, wxay)
@@ -24,6 +25,7 @@ LOWERINGS: dict[str, Lowering] = {
     "glm_mla_decode": glm_mla_decode.lower,
     "glm_mla_latent_write": glm_mla_latent_write.lower,
     "glm_moe_combine": glm_moe_combine.lower,
+    "glm_moe_layer": glm_moe_layer.lower,
     "glm_router_topk": glm_router_topk.lower,
     "glm_swiglu_clamp": glm_swiglu_clamp.lower,
     "kda_gates_w8a8": kda_gates_w8a8.lower,
