@@ -33,11 +33,13 @@
 //      unit that completes the set runs router_topk_row for every token and raises a flag.
 //   2. shared gate_up items (8 gate + 8 up rows, W4A16 16-value chunk walk, w4a16_gemv's order):
 //      sh_x = silu(min(g, L)) * clamp(u, -L, L) in FP32 (w4a16_gemv_silu_clamp_input's input).
+//      ALU-bound work: it fills the wait for the router; what is left runs after the routed items.
 //   3. after the flag, routed items: 16 gate + 16 up rows of slot s, gate_up = rn_bf16(sum *
 //      f32(gamma_gu * s_g)), h = rn_bf16(swiglu_clamp_element(g, u, L)), the 16 h values quantized
 //      as one NVFP4 group under gamma_dn (nvfp4_quant_group) into dn_codes / dn_scales.
 // Phase 1, moe_down (moe_down_dev): shared down items (16 rows, w4a16_gemv_silu_clamp_input's
-//   order from sh_x), routed down items (32 rows of slot s: rn_bf16(sum * f32(gamma_dn * s_g)));
+//   order from sh_x; one CTA in MOE_SHARED_EVERY starts with them while the others stream the
+//   routed weights), routed down items (32 rows of slot s: rn_bf16(sum * f32(gamma_dn * s_g)));
 //   the last of a tile's TOPK (+2 shared) arrivals combines: y = rn_bf16(sum over live slots in
 //   order fl(w * e) + sh) (moe_combine_body).
 // Slots with id -1 produce +0 rows (no weight loads) and are skipped by the combine.
@@ -52,6 +54,8 @@
 namespace kbp {
 
 __host__ __device__ constexpr size_t moe_align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+constexpr int MOE_SHARED_EVERY = 4;  // phase 1: one CTA in 4 starts with the shared down items
 
 // Dynamic shared memory: the ring, then `groups` staged activation groups (MOE_ACT_BYTES each),
 // then the pipeline state.
@@ -290,15 +294,24 @@ __device__ __forceinline__ void moe_gate_up_dev(
         __syncthreads();
         if (last_flag) moe_router_topk<E, TOPK, M>(lgt, bias, routed_scale, topk_w, topk_id, &st.flag);
     }
-    if constexpr (ISH > 0) {
-        for (;;) {  // 2. shared gate_up items
-            const int u = cta_claim(&st.claim_shared, &claim_slot);
-            if (u >= Sh::SH) break;
-            const int t = u / (ISH / 8);
-            moe_shared_gate_up<H, ISH>(8 * (u % (ISH / 8)), xn + (size_t)t * H, sh_codes, sh_scales, sh_sg, limit,
-                                       sh_x + (size_t)t * ISH, sgu != nullptr ? sgu + (size_t)t * 2 * ISH : nullptr);
+    // 2. shared gate_up items fill the wait for the router (no new one once its flag is up); the
+    //    ones left are taken after the routed items
+    auto shared_items = [&](bool until_flag) {
+        if constexpr (ISH > 0) {
+            for (;;) {
+                if (tid == 0)
+                    claim_slot = until_flag && ld_acquire_gpu(&st.flag) != 0 ? Sh::SH : (int)atomicAdd(&st.claim_shared, 1u);
+                __syncthreads();
+                const int u = claim_slot;
+                __syncthreads();
+                if (u >= Sh::SH) break;
+                const int t = u / (ISH / 8);
+                moe_shared_gate_up<H, ISH>(8 * (u % (ISH / 8)), xn + (size_t)t * H, sh_codes, sh_scales, sh_sg, limit,
+                                           sh_x + (size_t)t * ISH, sgu != nullptr ? sgu + (size_t)t * 2 * ISH : nullptr);
+            }
         }
-    }
+    };
+    shared_items(true);
     cta_wait_flag(&st.flag);  // 3. routed items
     for (int t = 0; t < M; ++t)
         moe_stage_rows(reinterpret_cast<const uint8_t*>(st.xq_codes + t * Sh::NG), st.xq_scales + t * Sh::NG,
@@ -329,6 +342,7 @@ __device__ __forceinline__ void moe_gate_up_dev(
         }
     };
     moe_pipeline<G::NST, STAGES>(ring, ps, Sh::ITEMS, claim, expert, issue, compute, finish);
+    shared_items(false);
 
     if (nx_rows > 0) {  // the down projection's first rows of every routed expert, into L2
         for (int s = 0; s < Sh::S; ++s) {
@@ -401,21 +415,27 @@ __device__ __forceinline__ void moe_down_dev(
 
     moe_stage_rows(dn_codes, dn_scales, Sh::S * Sh::NG, act, act_s);
     __syncthreads();
-    if constexpr (ISH > 0) {
-        for (;;) {  // shared down items: 16 rows of token t
-            const int u = cta_claim(&st.claim_shared, &claim_slot);
-            if (u >= Sh::SH) break;
-            const int t = u / (H / 16), n0 = 16 * (u % (H / 16));
-            const int grp = tid >> 6, l = tid & 63, row0 = n0 + 4 * grp;
-            float acc[W4A16_ROWS];
-            w4a16_silu_rows<ISH>(shd_codes + (size_t)row0 * (ISH / 2), shd_scales + (size_t)row0 * (ISH / 16), shd_sg,
-                                 sh_x + (size_t)t * ISH, l, W4A16_ROWS, acc);
-            w4a16_finish(acc, grp, l, W4A16_ROWS, sdown + (size_t)t * H + row0, wpart);
-            __threadfence();
-            __syncthreads();
-            if (tid < 32) arrive(t, n0 / 32);
+    // Shared down items (16 rows of token t): W4A16 work, ALU-bound, so only every
+    // MOE_SHARED_EVERY-th CTA starts with them while the others stream routed weights; whoever
+    // runs out of routed items takes the ones left.
+    auto shared_items = [&] {
+        if constexpr (ISH > 0) {
+            for (;;) {
+                const int u = cta_claim(&st.claim_shared, &claim_slot);
+                if (u >= Sh::SH) break;
+                const int t = u / (H / 16), n0 = 16 * (u % (H / 16));
+                const int grp = tid >> 6, l = tid & 63, row0 = n0 + 4 * grp;
+                float acc[W4A16_ROWS];
+                w4a16_silu_rows<ISH>(shd_codes + (size_t)row0 * (ISH / 2), shd_scales + (size_t)row0 * (ISH / 16),
+                                     shd_sg, sh_x + (size_t)t * ISH, l, W4A16_ROWS, acc);
+                w4a16_finish(acc, grp, l, W4A16_ROWS, sdown + (size_t)t * H + row0, wpart);
+                __threadfence();
+                __syncthreads();
+                if (tid < 32) arrive(t, n0 / 32);
+            }
         }
-    }
+    };
+    if (blockIdx.x % MOE_SHARED_EVERY == 0) shared_items();
     auto split = [](int i, int& p, int& s, int& t) { p = i % P; s = (i / P) % Sh::S; t = i / (P * Sh::S); };
     auto claim = [&]() { return (int)atomicAdd(&st.claim_routed, 1u); };
     auto expert = [&](int i) { return __ldcg(topk_id + (i / P) % Sh::S); };
@@ -443,6 +463,7 @@ __device__ __forceinline__ void moe_down_dev(
         }
     };
     moe_pipeline<G::NST, STAGES>(ring, ps, Sh::ITEMS, claim, expert, issue, compute, finish);
+    shared_items();
     moe_leave(&st.exits, [&] { st.claim_shared = st.claim_routed = st.exits = 0u; });
 }
 
