@@ -71,7 +71,6 @@ struct MoeGateUpShape {
     static_assert(M >= 1 && TOPK >= 1 && E >= 1, "MoE layer counts");
     static constexpr int S = M * TOPK;             // routed slots
     static constexpr int T = I / 16;               // tiles of a slot: 16 gate + 16 up rows
-    static constexpr int ITEMS = T * S * P;
     static constexpr int NG = H / 16;              // activation groups of a token
     static constexpr int EB = (E + 3) / 4;         // router GEMV units of a token (4 experts)
     static constexpr int QB = (NG + 255) / 256;    // quantization units of a token
@@ -84,7 +83,6 @@ struct MoeDownShape {
     static_assert(H % 128 == 0 && I % 128 == 0 && ISH % 16 == 0, "MoE layer sizes");
     static constexpr int S = M * TOPK;
     static constexpr int T = H / 32;               // tiles of a slot: 32 rows
-    static constexpr int ITEMS = T * S * P;
     static constexpr int NG = I / 16;
     static constexpr int SH = M * (ISH > 0 ? H / 16 : 0);      // shared items: 16 rows
     static constexpr unsigned TARGET = TOPK + (ISH > 0 ? 2 : 0);  // arrivals that complete a tile
@@ -260,7 +258,6 @@ __device__ __forceinline__ void moe_gate_up_dev(
     __nv_bfloat16* __restrict__ sgu, const uint8_t* __restrict__ nx_codes, const uint8_t* __restrict__ nx_scales,
     int nx_rows) {
     using Sh = MoeGateUpShape<H, I, ISH, E, TOPK, M, P>;
-    using G = MoeGeom<H, P>;
     auto& st = moe_gate_up_state<H, I, ISH, E, TOPK, M, P>;
     extern __shared__ __align__(16) uint8_t moe_smem[];
     uint8_t* ring = moe_smem;
@@ -317,31 +314,12 @@ __device__ __forceinline__ void moe_gate_up_dev(
         moe_stage_rows(reinterpret_cast<const uint8_t*>(st.xq_codes + t * Sh::NG), st.xq_scales + t * Sh::NG,
                        Sh::NG, act + t * Sh::NG, act_s + t * Sh::NG);
     __syncthreads();
-    auto split = [](int i, int& p, int& s, int& t) { p = i % P; s = (i / P) % Sh::S; t = i / (P * Sh::S); };
-    auto claim = [&]() { return (int)atomicAdd(&st.claim_routed, 1u); };
-    auto expert = [&](int i) { return __ldcg(topk_id + (i / P) % Sh::S); };
-    auto issue = [&](uint8_t* buf, int i, int e, int sub) {
-        int p, s, t;
-        split(i, p, s, t);
-        const size_t rows = (size_t)e * 2 * I;
-        moe_issue_stage<H, P>(buf, gu_codes + rows * (H / 2), gu_scales + rows * (H / 16),
-                              [t](int r) { return (r >> 4) * I + 16 * t + (r & 15); }, sub, p);
-    };
-    auto compute = [&](const uint8_t* buf, int i, int, int sub, float acc) {
-        const int tok = ((i / P) % Sh::S) / TOPK;
-        return moe_compute_stage<H, P>(buf, act + tok * Sh::NG, act_s + tok * Sh::NG, sub, i % P, acc);
-    };
-    auto finish = [&](int i, int e, float acc) {
-        int p, s, t;
-        split(i, p, s, t);
-        float sum = 0.0f;
-        if (moe_tile_sum<H, P>(acc, p, ps.part, st.gpart + (size_t)(s * Sh::T + t) * 256, st.cnt + s * Sh::T + t,
-                               &ps.flag, sum) && tid < 32) {
-            const float scale = e >= 0 ? __fmul_rn(gamma_gu, __ldg(gu_sg + e)) : 0.0f;
+    moe_routed_items<H, P, STAGES, Sh::S, Sh::T>(
+        ring, ps, &st.claim_routed, topk_id, gu_codes, gu_scales, (size_t)2 * I, gu_sg, gamma_gu, act, act_s, st.gpart,
+        st.cnt, [](int t, int r) { return (r >> 4) * I + 16 * t + (r & 15); }, [](int s) { return s / TOPK; },
+        [&](int s, int t, float sum, float scale) {
             moe_gate_up_epilogue<I>(sum, scale, limit, gamma_dn, inv_gdn, s, t, dn_codes, dn_scales, egu);
-        }
-    };
-    moe_pipeline<G::NST, STAGES>(ring, ps, Sh::ITEMS, claim, expert, issue, compute, finish);
+        });
     shared_items(false);
 
     if (nx_rows > 0) {  // the down projection's first rows of every routed expert, into L2
@@ -389,7 +367,6 @@ __device__ __forceinline__ void moe_down_dev(
     const uint8_t* __restrict__ shd_codes, const uint8_t* __restrict__ shd_scales, float shd_sg,
     __nv_bfloat16* edown, __nv_bfloat16* sdown, __nv_bfloat16* __restrict__ y) {
     using Sh = MoeDownShape<H, I, ISH, TOPK, M, P>;
-    using G = MoeGeom<I, P>;
     auto& st = moe_down_state<H, I, ISH, TOPK, M, P>;
     extern __shared__ __align__(16) uint8_t moe_smem[];
     uint8_t* ring = moe_smem;
@@ -436,33 +413,14 @@ __device__ __forceinline__ void moe_down_dev(
         }
     };
     if (blockIdx.x % MOE_SHARED_EVERY == 0) shared_items();
-    auto split = [](int i, int& p, int& s, int& t) { p = i % P; s = (i / P) % Sh::S; t = i / (P * Sh::S); };
-    auto claim = [&]() { return (int)atomicAdd(&st.claim_routed, 1u); };
-    auto expert = [&](int i) { return __ldcg(topk_id + (i / P) % Sh::S); };
-    auto issue = [&](uint8_t* buf, int i, int e, int sub) {
-        int p, s, t;
-        split(i, p, s, t);
-        const size_t rows = (size_t)e * H;
-        moe_issue_stage<I, P>(buf, w_codes + rows * (I / 2), w_scales + rows * (I / 16),
-                              [t](int r) { return 32 * t + r; }, sub, p);
-    };
-    auto compute = [&](const uint8_t* buf, int i, int, int sub, float acc) {
-        const int s = (i / P) % Sh::S;
-        return moe_compute_stage<I, P>(buf, act + s * Sh::NG, act_s + s * Sh::NG, sub, i % P, acc);
-    };
-    auto finish = [&](int i, int e, float acc) {
-        int p, s, t;
-        split(i, p, s, t);
-        float sum = 0.0f;
-        if (moe_tile_sum<I, P>(acc, p, ps.part, st.gpart + (size_t)(s * Sh::T + t) * 256, st.cnt + s * Sh::T + t,
-                               &ps.flag, sum) && tid < 32) {
-            const float scale = e >= 0 ? __fmul_rn(gamma_dn, __ldg(w_sg + e)) : 0.0f;
-            edown[(size_t)s * H + 32 * t + tid] = f32_to_bf16(__fmul_rn(sum, scale));
+    moe_routed_items<I, P, STAGES, Sh::S, Sh::T>(
+        ring, ps, &st.claim_routed, topk_id, w_codes, w_scales, (size_t)H, w_sg, gamma_dn, act, act_s, st.gpart, st.cnt,
+        [](int t, int r) { return 32 * t + r; }, [](int s) { return s; },
+        [&](int s, int t, float sum, float scale) {
+            edown[(size_t)s * H + 32 * t + threadIdx.x] = f32_to_bf16(__fmul_rn(sum, scale));
             __threadfence();
             arrive(s / TOPK, t);
-        }
-    };
-    moe_pipeline<G::NST, STAGES>(ring, ps, Sh::ITEMS, claim, expert, issue, compute, finish);
+        });
     shared_items();
     moe_leave(&st.exits, [&] { st.claim_shared = st.claim_routed = st.exits = 0u; });
 }

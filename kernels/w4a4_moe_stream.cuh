@@ -330,4 +330,42 @@ __device__ __forceinline__ void moe_pipeline(uint8_t* ring, MoePipeSmem<STAGES>&
     __syncthreads();
 }
 
+// Every routed item (slot s, tile t, part p; item = (t * S + s) * P + p) of a claim counter through
+// the pipeline. Slot s's expert e = ids[s] (read through L2) has rows_per_expert rows of K values
+// at w_codes / w_scales; row_of(t, r) is the expert row of the tile's lane-row r; act_row(s) the
+// staged activation row of the slot; gpart / cnt the P > 1 tiles' class partials and counters
+// ([S*T][256], [S*T]). On warp 0 of the CTA completing tile t of slot s: epilogue(s, t, sum,
+// scale), sum the row's class-ordered FP32 sum, scale = f32(gamma * w_sg[e]) (0 for an empty slot).
+template <int K, int P, int STAGES, int S, int T, class RowOf, class ActRow, class Epilogue>
+__device__ __forceinline__ void moe_routed_items(uint8_t* ring, MoePipeSmem<STAGES>& ps, unsigned* claim_ctr,
+                                                 const int* ids, const uint8_t* w_codes, const uint8_t* w_scales,
+                                                 size_t rows_per_expert, const float* w_sg, float gamma,
+                                                 const MoeActGroup* act, const float* act_s, float* gpart,
+                                                 unsigned* cnt, RowOf row_of, ActRow act_row, Epilogue epilogue) {
+    using G = MoeGeom<K, P>;
+    auto slot = [](int i) { return (i / P) % S; };
+    auto tile = [](int i) { return i / (P * S); };
+    auto claim = [&]() { return (int)atomicAdd(claim_ctr, 1u); };
+    auto expert = [&](int i) { return __ldcg(ids + slot(i)); };
+    auto issue = [&](uint8_t* buf, int i, int e, int sub) {
+        const int t = tile(i);
+        const size_t rows = (size_t)e * rows_per_expert;
+        moe_issue_stage<K, P>(buf, w_codes + rows * (K / 2), w_scales + rows * (K / 16),
+                              [&](int r) { return row_of(t, r); }, sub, i % P);
+    };
+    auto compute = [&](const uint8_t* buf, int i, int, int sub, float acc) {
+        const int row = act_row(slot(i));
+        return moe_compute_stage<K, P>(buf, act + row * (K / 16), act_s + row * (K / 16), sub, i % P, acc);
+    };
+    auto finish = [&](int i, int e, float acc) {
+        const int s = slot(i), t = tile(i), tile_id = s * T + t;
+        float sum = 0.0f;
+        if (moe_tile_sum<K, P>(acc, i % P, ps.part, P > 1 ? gpart + (size_t)tile_id * 256 : nullptr,
+                               P > 1 ? cnt + tile_id : nullptr, &ps.flag, sum) &&
+            threadIdx.x < 32)
+            epilogue(s, t, sum, e >= 0 ? __fmul_rn(gamma, __ldg(w_sg + e)) : 0.0f);
+    };
+    moe_pipeline<G::NST, STAGES>(ring, ps, T * S * P, claim, expert, issue, compute, finish);
+}
+
 }  // namespace kbp
