@@ -124,7 +124,7 @@ LAYER_FIELDS = ([(f, "<u8") for f in ("xsrc", "w_router", "xn", "bias", "gu_code
 
 
 def _library(s: MoeLayerShape, plan) -> ctypes.CDLL:
-    from kbpc.build.nvcc import compile_cuda  # noqa: PLC0415
+    from kbpc.toolchain.nvcc import compile_cuda  # noqa: PLC0415
     from kbpc.targets import get_target  # noqa: PLC0415
     from kbpc.testing.gpu import _CACHE_DIR, headers_digest  # noqa: PLC0415
 

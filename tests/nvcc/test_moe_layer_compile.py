@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, RUNTIME_STUB_DIR, nvcc_path
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, nvcc_path
 from kbpc.codegen.families.glm_moe_layer import MoeLayerPlan, MoeLayerShape, phase_plan, plan_moe_layer
 from kbpc.testing.launchers import render_instance
 
