@@ -138,12 +138,14 @@ __device__ __forceinline__ void moe_leave(unsigned* exits, Reset reset) {
     }
 }
 
-// Warp-wide arrival at a counter after the warp's (fenced) writes; true in every lane of the
-// warp that brings it to `target` (which resets it).
+// Warp-wide arrival at a counter after the warp's writes (and whatever a CTA barrier before them
+// ordered): lane 0 releases them; true in every lane of the warp that brings the counter to
+// `target` (which resets it), the other arrivals' writes then visible to the warp.
 __device__ __forceinline__ bool moe_warp_arrive(unsigned* cnt, unsigned target) {
     __syncwarp();
     unsigned old = 0;
     if ((threadIdx.x & 31) == 0) {
+        __threadfence();
         old = atomicAdd(cnt, 1u);
         if (old == target - 1) *cnt = 0u;
     }
@@ -179,15 +181,16 @@ template <int E, int TOPK, int M>
 __device__ __forceinline__ void moe_router_topk(const float* logits, const float* bias, float routed_scale,
                                                 float* topk_w, int* topk_id, unsigned* flag) {
     __shared__ float lg[E];
-    __threadfence();
     for (int t = 0; t < M; ++t) {
         for (int e = threadIdx.x; e < E; e += MOE_THREADS) lg[e] = __ldcg(logits + (size_t)t * E + e);
         __syncthreads();
         router_topk_row<E, TOPK, MOE_THREADS>(lg, bias, routed_scale, topk_w + t * TOPK, topk_id + t * TOPK);
     }
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) st_release_gpu(flag, 1u);
+    if (threadIdx.x == 0) {
+        __threadfence();
+        st_release_gpu(flag, 1u);
+    }
 }
 
 // ------------------------------------------------------------------ gate_up: shared expert item
@@ -285,9 +288,12 @@ __device__ __forceinline__ void moe_gate_up_dev(
         if (u >= Sh::RU) break;
         moe_router_unit<H, E, TOPK, M, Sh::EB, Sh::QB>(u, xn, w_router, lgt, gamma_gu, inv_gu, st.xq_codes,
                                                       st.xq_scales);
-        __threadfence();
         __syncthreads();
-        if (tid == 0) last_flag = atomicAdd(&st.router_done, 1u) == (unsigned)(Sh::RU - 1);
+        if (tid == 0) {  // release the unit's logits / codes; the last unit's CTA acquires them all
+            __threadfence();
+            last_flag = atomicAdd(&st.router_done, 1u) == (unsigned)(Sh::RU - 1);
+            __threadfence();
+        }
         __syncthreads();
         if (last_flag) moe_router_topk<E, TOPK, M>(lgt, bias, routed_scale, topk_w, topk_id, &st.flag);
     }
@@ -406,8 +412,7 @@ __device__ __forceinline__ void moe_down_dev(
                 w4a16_silu_rows<ISH>(shd_codes + (size_t)row0 * (ISH / 2), shd_scales + (size_t)row0 * (ISH / 16),
                                      shd_sg, sh_x + (size_t)t * ISH, l, W4A16_ROWS, acc);
                 w4a16_finish(acc, grp, l, W4A16_ROWS, sdown + (size_t)t * H + row0, wpart);
-                __threadfence();
-                __syncthreads();
+                __syncthreads();  // the rows are written; warp 0's lane 0 releases them
                 if (tid < 32) arrive(t, n0 / 32);
             }
         }
@@ -418,7 +423,6 @@ __device__ __forceinline__ void moe_down_dev(
         [](int t, int r) { return 32 * t + r; }, [](int s) { return s; },
         [&](int s, int t, float sum, float scale) {
             edown[(size_t)s * H + 32 * t + threadIdx.x] = f32_to_bf16(__fmul_rn(sum, scale));
-            __threadfence();
             arrive(s / TOPK, t);
         });
     shared_items();

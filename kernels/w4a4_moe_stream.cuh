@@ -18,9 +18,11 @@
 //   in increasing c. moe_tile_sum adds the 8 class accumulators of a row in class order (the P
 //   parts' classes meet through global memory, last arriver sums), so the bits never depend on P,
 //   on the grid or on which CTA ran what.
-// Ordering: every cross-CTA hand-off is release (stores, __threadfence, atomic) / acquire (atomic
-//   result, __threadfence, ld.global.cg), and the last arriver resets its counter for the next
-//   launch. State lives in the instantiating TU (zero-initialised device memory).
+// Ordering: every cross-CTA hand-off is release (the writers' stores, a CTA or warp barrier, then
+//   one thread's __threadfence and atomic: the fence is cumulative over what the barrier ordered
+//   before it) / acquire (the atomic's result, __threadfence, barrier, ld.global.cg), and the last
+//   arriver resets its counter for the next launch. State lives in the instantiating TU
+//   (zero-initialised device memory).
 #pragma once
 
 #include "w4a4_mx.cuh"
@@ -34,6 +36,9 @@ constexpr int MOE_CODE_ROW = MOE_SPAN * 64 + 16;  // a row's codes in a stage, +
 constexpr int MOE_SCALE_ROW = MOE_SPAN * 8 + 8;   // a row's 64 scale bytes, +8 B: LDS.64 conflict-free
 constexpr int MOE_STAGE_BYTES = MOE_ROWS * (MOE_CODE_ROW + MOE_SCALE_ROW);
 constexpr int MOE_NONE = -1;                      // "no item" in the stage metadata
+// Warps 1..7 issue the ring's copies; warp 0 never has a cp.async in flight, so its fences (it
+// releases every cross-CTA hand-off and runs the epilogues) never wait for a weight stream.
+constexpr int MOE_COPY_THREAD0 = 32, MOE_COPY_THREADS = MOE_THREADS - MOE_COPY_THREAD0;
 constexpr long long MOE_SPIN_LIMIT = 1LL << 24;   // ~10 s of waiting is a bug: trap, never hang
 
 // ------------------------------------------------------------------ memory helpers
@@ -143,7 +148,8 @@ struct MoeGeom {
 };
 
 // Issue the copies of stage `sub` of an item: rows row(0..31) of an expert's codes (K/2 bytes a
-// row) and scales (K/16 a row), chunks 8*sub + p*CPW .. of them. All threads; no commit.
+// row) and scales (K/16 a row), chunks 8*sub + p*CPW .. of them. Called by all threads (warps
+// 1..7 copy); no commit.
 template <int K, int P, class RowOf>
 __device__ __forceinline__ void moe_issue_stage(uint8_t* st, const uint8_t* wc, const uint8_t* ws, RowOf row,
                                                 int sub, int part) {
@@ -152,13 +158,15 @@ __device__ __forceinline__ void moe_issue_stage(uint8_t* st, const uint8_t* wc, 
     const int nch = min(G::CPW, G::NCH - c0);
     if (nch <= 0) return;
     constexpr int VPR = G::CPW * 4;  // 16-byte vectors of a row in a stage
-    for (int v = threadIdx.x; v < MOE_ROWS * VPR; v += MOE_THREADS) {
+    const int first = (int)threadIdx.x - MOE_COPY_THREAD0;
+    if (first < 0) return;
+    for (int v = first; v < MOE_ROWS * VPR; v += MOE_COPY_THREADS) {
         const int r = v / VPR, col = v % VPR;
         if (col < nch * 4)
             cp_async16(st + r * MOE_CODE_ROW + col * 16, wc + (size_t)row(r) * (K / 2) + c0 * 64 + col * 16);
     }
     uint8_t* ss = st + MOE_ROWS * MOE_CODE_ROW;
-    for (int v = threadIdx.x; v < MOE_ROWS * G::CPW; v += MOE_THREADS) {
+    for (int v = first; v < MOE_ROWS * G::CPW; v += MOE_COPY_THREADS) {
         const int r = v / G::CPW, ch = v % G::CPW;
         if (ch < nch) cp_async8(ss + r * MOE_SCALE_ROW + ch * 8, ws + (size_t)row(r) * (K / 16) + (c0 + ch) * 8);
     }
@@ -235,12 +243,12 @@ __device__ __forceinline__ bool moe_tile_sum(float acc, int part_idx, float (*pa
     }
     bool last = true;
     if constexpr (P > 1) {
-        __threadfence();
-        __syncthreads();
+        __syncthreads();  // the CTA's partials are written; thread 0 releases them (cumulative fence)
         if (threadIdx.x == 0) {
+            __threadfence();
             const bool l = atomicAdd(cnt, 1u) == (unsigned)(P - 1);
             if (l) *cnt = 0u;  // every part has arrived: ready for the next launch
-            __threadfence();
+            __threadfence();   // acquire: the other parts' partials are visible to this CTA
             *flag = l;
         }
         __syncthreads();
