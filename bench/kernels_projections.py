@@ -1,4 +1,6 @@
-"""Benchmark cases of the projection kernels at the seed blueprint's decode shapes (one token).
+"""Benchmark cases of the projection kernels at the seed blueprint's decode shapes (one token), and
+of the fused MoE layer (bench/moe_layer_bench.py: isolated phases, and in a CUDA graph against a
+streaming read of the same bytes and against the unfused chain).
 
 Buffers are filled with a byte pattern (0x3C: BF16 ~0.0115, E4M3 1.5, E2M1 pairs 2 | 1.5): the
 kernels' speed does not depend on values, and filling on the device keeps setup fast.
@@ -8,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels import Case, rotations
+from moe_layer_bench import moe_cases
 
 B256 = dict(block=(256, 1, 1))
 
@@ -184,3 +187,4 @@ CASES = [
     quantizer("", "w8a8_act_quant_g128", "w8a8_act_quant.cuh", 16384, 2 * 16384, 16384 + 4 * 128,
               (f"{_BF} x, uint8_t* q, float* s", "x, q, s", (2 * 16384, 16384, 4 * 128))),
 ]
+CASES += moe_cases()

@@ -10,6 +10,8 @@
 //   each warp reduces with the shuffle tree (offsets 16..1) and y = rn(P0 + P1).
 // Speed: the whole row slice a thread needs is issued as 16-byte loads before any arithmetic
 //   (up to DENSE_BF16_BATCH vectors in flight per thread); 4 outputs per CTA give N/4 CTAs.
+// dense_gemv_bf16_block<K, OutT>(W, x, y, N, block) is one CTA's share for any block index (the
+// fused MoE router claims blocks dynamically).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
@@ -61,14 +63,15 @@ __device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wro
     return acc;
 }
 
+// Outputs 4*block .. 4*block+3 (those below N) with 256 threads; every thread must call it.
 template <int K, typename OutT>
-__device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restrict__ W,
-                                                       const __nv_bfloat16* __restrict__ x,
-                                                       OutT* __restrict__ y, int N) {
+__device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* __restrict__ W,
+                                                      const __nv_bfloat16* __restrict__ x,
+                                                      OutT* __restrict__ y, int N, int block) {
     static_assert(K % 8 == 0, "dense_gemv_bf16 walks K in 8-element vectors");
     __shared__ float part[4];
     const int slot = threadIdx.x >> 6, l = threadIdx.x & 63;
-    const int n = blockIdx.x * 4 + slot;
+    const int n = block * 4 + slot;
     float acc = 0.0f;
     if (n < N)
         acc = dense_row_partial<K>(reinterpret_cast<const uint4*>(W + (size_t)n * K),
@@ -77,6 +80,13 @@ __device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restr
     if (l == 32) part[slot] = acc;  // lane 0 of the second warp holds P1
     __syncthreads();
     if (l == 0 && n < N) dense_store(y + n, __fadd_rn(acc, part[slot]));
+}
+
+template <int K, typename OutT>
+__device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restrict__ W,
+                                                       const __nv_bfloat16* __restrict__ x,
+                                                       OutT* __restrict__ y, int N) {
+    dense_gemv_bf16_block<K, OutT>(W, x, y, N, blockIdx.x);
 }
 
 template <int K, typename OutT>

@@ -6,6 +6,8 @@
 //     logits [m][E] FP32, bias [E] FP32, weights [m][K] FP32, ids [m][K] int32.
 //     grid (m), block router_threads(E) = 32 * ceil(E / 32) (E <= 1024), static shared memory
 //     about (E/32 * K) * 8 + K * 8 bytes. K <= 32.
+//   kbp::router_topk_row<E, K, THREADS>(...) one token's body for a block of any THREADS (a
+//     multiple of 32, >= K): the fused MoE router (glm_moe_layer.cuh) runs it in 256-thread CTAs.
 // Math (kbpc.reference.glm_router_topk; FP32, no FMA contraction)
 //   s_e = 1 / (1 + expf(-z_e)), chi_e = fl(s_e + b_e) (selection only). Candidates: chi not NaN and
 //   chi > -inf. Expert a beats b if chi_a > chi_b, or chi_a == chi_b and a < b; slot r holds the
@@ -33,62 +35,86 @@ __device__ __forceinline__ bool router_beats(float chi_a, int id_a, float chi_b,
     return chi_a > chi_b || (chi_a == chi_b && id_a < id_b);
 }
 
-template <int E, int K>
-__device__ __forceinline__ void router_topk_body(const float* __restrict__ logits,
-                                                 const float* __restrict__ bias, float routed_scale,
-                                                 float* __restrict__ weights, int* __restrict__ ids) {
-    constexpr int THREADS = router_threads(E), WARPS = THREADS / 32, KEPT = WARPS * K;
-    static_assert(E >= 1 && E <= 1024, "one thread per expert, at most 1024");
-    static_assert(K >= 1 && K <= 32, "one lane of warp 0 per slot");
+// One token's routing with THREADS threads (a multiple of 32, any count: each thread plays the
+// experts e = tid, tid + THREADS, ...; "warp" below is a run of 32 consecutive experts). logits may
+// point to shared memory (a fused kernel stages them there). Every thread of the block must call it.
+template <int E, int K, int THREADS = router_threads(E)>
+__device__ __forceinline__ void router_topk_row(const float* logits, const float* __restrict__ bias,
+                                                float routed_scale, float* __restrict__ weights,
+                                                int* __restrict__ ids) {
+    constexpr int EWARPS = router_threads(E) / 32, KEPT = EWARPS * K;
+    constexpr int PER = (router_threads(E) + THREADS - 1) / THREADS;  // experts per thread
+    static_assert(E >= 1 && E <= 1024, "at most 1024 experts");
+    static_assert(K >= 1 && K <= 32 && K <= THREADS, "one thread per slot");
+    static_assert(THREADS % 32 == 0, "whole warps");
     __shared__ float2 kept_list[KEPT];  // (chi, id as bits): one 8-byte load per comparison
     __shared__ float slot_score[K];
     __shared__ int slot_id[K];
-    const int e = threadIdx.x, warp = e / 32;
-    const size_t t = blockIdx.x;
-    float s = 0.0f, chi = -INFINITY;
-    if (e < E) {
-        s = sigmoid_f32(logits[t * E + e]);
-        chi = s + bias[e];
-    }
-    const bool cand = e < E && !isnan(chi) && chi > -INFINITY;
-    for (int i = e; i < KEPT; i += THREADS) kept_list[i] = make_float2(0.0f, __int_as_float(-1));
-    if (e < K) slot_id[e] = -1;
-    // Rank within the warp: the candidates of this warp that beat me.
-    int rank = 0;
-#pragma unroll 8
-    for (int c = 0; c < 32; ++c) {
-        const float chi_c = __shfl_sync(0xffffffffu, chi, c);
-        const bool cand_c = __shfl_sync(0xffffffffu, cand ? 1 : 0, c) != 0;
-        rank += (cand_c && router_beats(chi_c, warp * 32 + c, chi, e)) ? 1 : 0;
-    }
-    const bool kept = cand && rank < K;
+    const int tid = threadIdx.x;
+    float s[PER], chi[PER];
+    bool kept[PER];
+    for (int i = tid; i < KEPT; i += THREADS) kept_list[i] = make_float2(0.0f, __int_as_float(-1));
+    if (tid < K) slot_id[tid] = -1;
     __syncthreads();  // kept_list / slot_id initialised
-    if (kept) kept_list[warp * K + rank] = make_float2(chi, __int_as_float(e));
-    __syncthreads();
-    if (kept) {
-        int slot = 0;
-#pragma unroll 8
-        for (int i = 0; i < KEPT; ++i) {
-            const float2 c = kept_list[i];
-            const int id = __float_as_int(c.y);
-            slot += (id >= 0 && router_beats(c.x, id, chi, e)) ? 1 : 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int e = tid + j * THREADS, warp = e / 32;
+        s[j] = 0.0f;
+        chi[j] = -INFINITY;
+        if (e < E) {
+            s[j] = sigmoid_f32(logits[e]);
+            chi[j] = s[j] + bias[e];
         }
-        if (slot < K) {
-            slot_id[slot] = e;
-            slot_score[slot] = s;
+        const bool cand = e < E && !isnan(chi[j]) && chi[j] > -INFINITY;
+        // Rank within the run of 32: the candidates of this run that beat me.
+        int rank = 0;
+#pragma unroll 8
+        for (int c = 0; c < 32; ++c) {
+            const float chi_c = __shfl_sync(0xffffffffu, chi[j], c);
+            const bool cand_c = __shfl_sync(0xffffffffu, cand ? 1 : 0, c) != 0;
+            rank += (cand_c && router_beats(chi_c, warp * 32 + c, chi[j], e)) ? 1 : 0;
+        }
+        kept[j] = cand && rank < K;
+        if (kept[j]) kept_list[warp * K + rank] = make_float2(chi[j], __int_as_float(e));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int e = tid + j * THREADS;
+        if (kept[j]) {
+            int slot = 0;
+#pragma unroll 8
+            for (int i = 0; i < KEPT; ++i) {
+                const float2 c = kept_list[i];
+                const int id = __float_as_int(c.y);
+                slot += (id >= 0 && router_beats(c.x, id, chi[j], e)) ? 1 : 0;
+            }
+            if (slot < K) {
+                slot_id[slot] = e;
+                slot_score[slot] = s[j];
+            }
         }
     }
     __syncthreads();
-    if (e < K) {
+    if (tid < K) {
         float sum = 0.0f;
         for (int r = 0; r < K; ++r) {
             const float v = slot_id[r] >= 0 ? slot_score[r] : 0.0f;
             sum = r ? sum + v : v;
         }
-        const int id = slot_id[e];
-        ids[t * K + e] = id;
-        weights[t * K + e] = id >= 0 ? __fdiv_rn(slot_score[e], sum + 1e-20f) * routed_scale : 0.0f;
+        const int id = slot_id[tid];
+        ids[tid] = id;
+        weights[tid] = id >= 0 ? __fdiv_rn(slot_score[tid], sum + 1e-20f) * routed_scale : 0.0f;
     }
+    __syncthreads();  // the shared lists may be reused by the caller's next token
+}
+
+template <int E, int K>
+__device__ __forceinline__ void router_topk_body(const float* __restrict__ logits,
+                                                 const float* __restrict__ bias, float routed_scale,
+                                                 float* __restrict__ weights, int* __restrict__ ids) {
+    const size_t t = blockIdx.x;
+    router_topk_row<E, K>(logits + t * E, bias, routed_scale, weights + t * K, ids + t * K);
 }
 
 template <int E, int K>

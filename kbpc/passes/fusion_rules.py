@@ -75,4 +75,11 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("rms_norm_fp8_quant", "rms_norm", ("rms_norm", "act_quant"), "rms_norm",
                "the per-token FP8 quantizer runs on the normed row in registers, in the norm's launch",
                _norm_then_fp8_quant),
+    FusionRule("moe_layer", "glm_moe_layer",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down", "linear:shared_gate_up", "swiglu_clamp", "silu_mul", "linear:shared_down",
+                "blend"), "router",
+               "a MoE layer in two launches over every SM: router GEMV with its top-k, the expert input "
+               "quantized once, the shared expert beside the routed ones, SwiGLU and the down input's "
+               "quantization in the gate_up epilogue, the combine in the down epilogue"),
 )

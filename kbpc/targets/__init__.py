@@ -36,7 +36,7 @@ DEFAULT_TARGET = "sm_90"
 
 # Families whose planned kernels use an instruction some targets lack, and the variant kbpc runs
 # there instead (same group boundary, same quantization semantics; only the product differs).
-FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static"})
+FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static", "glm_moe_layer"})  # the fused MoE layer too
 
 
 def variant_for(target: Target, family: str) -> str:
