@@ -115,6 +115,15 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
               help="Tensor-parallel size (recorded; only 1 is implemented).")
 @click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Longest sequence the state and caches are sized for.")
+@click.option("--numerics", type=click.Choice(["exact", "fast"]), default="fast", show_default=True,
+              help="exact: every kernel bit-exact against the reference interpreter; fast: projections and "
+                   "attention may change accumulation order or precision point, each within a stated "
+                   "bound (recorded in the signed manifest).")
+@click.option("--fuse/--no-fuse", default=True, show_default=True,
+              help="Merge groups across the blueprint's boundaries where a fused kernel form exists "
+                   "(never changes the math).")
+@click.option("--pdl/--no-pdl", default=True, show_default=True,
+              help="Programmatic dependent launch: each kernel may start while the one before it drains.")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Private key file to sign with (default: the local default key, created on first use).")
 @click.option("--weights", "weights_path", type=click.Path(path_type=Path), default=None,
@@ -132,7 +141,8 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
               help="Write every pass's plan and the generated sources here.")
 @CONFIG_OPTION
 @reports_errors
-def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, key_path: Path | None,
+def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str, fuse: bool,
+                pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None) -> None:
     """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign)."""
@@ -154,7 +164,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
             err.print(f"created a signing key: {key_path} (public keyring beside it)")
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
-                                             arena_reuse=not debug_arena),
+                                             arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl),
                              signer=Signer.load(key_path), config=config_path, cache_dir=cache_dir,
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
                              dump_dir=dump_dir)
@@ -169,6 +179,8 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
         result = compile_bundle(request, on_stage=lambda s: progress.update(stage, description=s),
                                 on_object=on_object)
     m = result.manifest
+    for line in result.fusion.lines():
+        click.echo(line)
     click.echo(f"wrote {output}: {m['kind']} bundle, target {m['target']}, plan {m['plan_digest'][:12]}, "
                f"{m['step']['launches']} launches, {m['step']['kernel_instances']} kernel instances "
                f"({result.build.compiled} compiled, {result.build.cached} cached) in "

@@ -20,11 +20,12 @@ from kbpc.build.nvcc import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.manifest import canonical_json
-from kbpc.codegen.emit import Sources, generate
+from kbpc.codegen.emit import Sources, build_step, generate
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
+from kbpc.report.fusion import FusionReport, fusion_report
 from kbpc.targets import get_target
 from kbpc.weights.checkpoint import open_checkpoint
 
@@ -51,6 +52,7 @@ class CompileResult:
     manifest: dict
     plan: Plan
     build: BuildResult
+    fusion: FusionReport
 
 
 def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
@@ -62,6 +64,7 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
     on_stage("code generation")
     command = f"kbpc compile {req.blueprint.name} --target {req.options.target} --max-context {req.options.max_context}"
     sources = generate(plan, command)
+    fusion = _fusion_report(bp, req.options, plan, sources)
     if req.dump_dir is not None:
         for rel, text in sources.files.items():
             path = Path(req.dump_dir) / rel
@@ -75,9 +78,20 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
                               on_object=on_object)
         on_stage("bundle")
         members = _members(req, bp.raw, plan, sources, lib)
-        manifest = _manifest(req, plan, sources, build)
+        manifest = _manifest(req, plan, sources, build, fusion)
         final = write_bundle(req.output, manifest, members, req.signer)
-    return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output))
+    return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output),
+                         fusion=fusion)
+
+
+def _fusion_report(bp, options: Options, plan: Plan, sources: Sources) -> FusionReport:
+    """Launches with and without the fusion pass (the unfused plan is lowered, not rendered)."""
+    after = sum(len(g.launches) for g in sources.step.groups)
+    before = after
+    if options.fuse:
+        unfused = run_pipeline(bp, dataclasses.replace(options, fuse=False))
+        before = sum(len(g.launches) for g in build_step(unfused, "").groups)
+    return fusion_report(plan.fusions, before, after)
 
 
 def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:
@@ -122,7 +136,8 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult) -> dict:
+def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,
+              fusion: FusionReport) -> dict:
     bp = plan.blueprint
     step = sources.step
     manifest = {
@@ -134,7 +149,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "step": {"arena_bytes": step.arena_bytes, "streams": step.streams, "events": step.events,
                  "launches": sum(len(g.launches) for g in step.groups), "groups": len(step.groups),
                  "kernel_instances": len(step.instances), "vocab": step.vocab,
-                 "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us},
+                 "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us,
+                 "fusion": fusion.to_json()},
         "state": [{"name": s.name, "bytes": s.nbytes, "shape": list(s.shape), "storage": s.storage}
                   for s in plan.state],
         "weights": [{"name": w.name, "storage": w.storage, "shape": list(w.shape), "bytes": w.nbytes,

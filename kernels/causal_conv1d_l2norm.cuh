@@ -106,6 +106,7 @@ causal_conv1d_update_l2norm(const __nv_bfloat16* __restrict__ x, int x_stride,
                             const __nv_bfloat16* __restrict__ taps,
                             const __nv_bfloat16* __restrict__ bias, float eps,
                             OutT* __restrict__ out, int out_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, OutT>(x, x_stride, window,
         window_stride, taps, bias, eps, out, out_stride);
 }

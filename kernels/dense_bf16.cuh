@@ -88,6 +88,7 @@ template <int K, typename OutT>
 __global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* __restrict__ W,
                                                        const __nv_bfloat16* __restrict__ x,
                                                        OutT* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dense_gemv_bf16_dev<K, OutT>(W, x, y, N);
 }
 

@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(D) dsa_indexer_store(
     const float* __restrict__ slot_term, __nv_bfloat16* __restrict__ kg_keys,
     __nv_bfloat16* __restrict__ kg_gates, int rows, float* __restrict__ pool_keys,
     const int32_t* __restrict__ tau_ptr) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_indexer_store_body<D, KP>(key, gate, slot_term, kg_keys, kg_gates, rows, pool_keys, tau_ptr);
 }
 
@@ -185,6 +186,7 @@ template <int H, int D, int KP>
 __global__ void __launch_bounds__(32 * DSA_SCORE_WARPS) dsa_index_scores(
     const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
     const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_index_scores_body<H, D, KP>(q, raw_w, pool_keys, seq_len, tau, scores);
 }
 
@@ -228,6 +230,7 @@ template <int KP, int TOPK_POOLS>
 __global__ void __launch_bounds__(256) dsa_expand_selection(
     const int32_t* __restrict__ sel_pools, const int32_t* __restrict__ seq_len,
     const int32_t* __restrict__ tau, int32_t* __restrict__ sel_tokens) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_expand_selection_body<KP, TOPK_POOLS>(sel_pools, seq_len, tau, sel_tokens);
 }
 
@@ -354,6 +357,7 @@ template <int KP, int TOPK_POOLS>
 __global__ void __launch_bounds__(DSA_TOPK_THREADS) dsa_topk_select(
     const float* __restrict__ scores, const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau,
     int32_t* __restrict__ sel_pools, int32_t* __restrict__ sel_tokens) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_topk_select_body<KP, TOPK_POOLS>(scores, seq_len, tau, sel_pools, sel_tokens);
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <stdint.h>
+#include "kbp_common.cuh"
 
 namespace kbp {
 
@@ -42,6 +43,7 @@ __device__ __forceinline__ void embed_copy_body(const int* __restrict__ tokens, 
 template <int D, int VEC>
 __global__ void embed_copy(const int* __restrict__ tokens, const uint16_t* __restrict__ table, int vocab,
                            uint16_t* __restrict__ out, int* error_flag) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     embed_copy_body<D, VEC>(tokens, table, vocab, out, error_flag);
 }
 

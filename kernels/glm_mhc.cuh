@@ -190,17 +190,20 @@ __device__ __forceinline__ void hc_head_body(const float* __restrict__ x, __nv_b
 
 template <int N, int D, int VEC>
 __global__ void hc_expand(const __nv_bfloat16* __restrict__ h, float* __restrict__ x) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_expand_body<N, D, VEC>(h, x);
 }
 
 template <int N, int D, int R, int VEC>
 __global__ void hc_post(const float* x, const RankParts<R> parts, const float* __restrict__ post,
                         const float* __restrict__ comb, float* x_out) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_post_body<N, D, R, VEC>(x, parts, post, comb, x_out);
 }
 
 template <int N, int D, int VEC>
 __global__ void hc_head(const float* __restrict__ x, __nv_bfloat16* __restrict__ y) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_head_body<N, D, VEC>(x, y);
 }
 
@@ -303,6 +306,7 @@ template <int N>
 __global__ void __launch_bounds__(32) hc_gates(const float* __restrict__ mix, const float* __restrict__ alpha,
                                                const float* __restrict__ beta, float eps_hc, int iters,
                                                float* __restrict__ post, float* __restrict__ comb) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_gates_body<N>(mix, alpha, beta, eps_hc, iters, post, comb);
 }
 
@@ -489,6 +493,7 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
 
 template <int N, int D, bool FUSE_POST, int R>
 __global__ void __launch_bounds__(kPreThreads, 1) hc_pre_norm(const PreParams<N, R> p) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_pre_norm_body<N, D, FUSE_POST, R>(p);
 }
 

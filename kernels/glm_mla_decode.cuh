@@ -210,6 +210,7 @@ __global__ void __launch_bounds__(32 * WARPS) glm_mla_decode_fp8(
     const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
     const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
     const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_decode_fp8_body<E, WARPS, G>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, out);
 }
 

@@ -78,6 +78,7 @@ template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
     const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
     const int32_t* __restrict__ slots, float s_k, float eps, uint8_t* __restrict__ cache) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_body<E>(c, gamma, slots, s_k, eps, cache);
 }
 
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
     const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
     const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
     float s_k, float eps, uint8_t* __restrict__ cache) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
 }
 

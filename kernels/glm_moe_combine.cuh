@@ -56,6 +56,7 @@ template <int D, int K, int VEC>
 __global__ void moe_combine(const float* __restrict__ weights, const int* __restrict__ ids,
                             const int* __restrict__ slot_rows, const __nv_bfloat16* __restrict__ expert_out,
                             const __nv_bfloat16* __restrict__ shared, __nv_bfloat16* __restrict__ y) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     moe_combine_body<D, K, VEC>(weights, ids, slot_rows, expert_out, shared, y);
 }
 

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kbp_common.cuh"
 #include "kbp_transcendental.cuh"
 
 namespace kbp {
@@ -94,6 +95,7 @@ template <int E, int K>
 __global__ void __launch_bounds__(router_threads(E))
 router_topk(const float* __restrict__ logits, const float* __restrict__ bias, float routed_scale,
             float* __restrict__ weights, int* __restrict__ ids) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
 }
 

@@ -79,6 +79,7 @@ template <int INTER, int VEC, SwiGluOut OUT, bool ZERO_FILL>
 __global__ void swiglu_clamp(const __nv_bfloat16* __restrict__ gate, const __nv_bfloat16* __restrict__ up,
                              long in_stride, void* __restrict__ out, long out_stride, float limit,
                              float* __restrict__ zero_buf, size_t zero_words) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     swiglu_clamp_body<INTER, VEC, OUT, ZERO_FILL>(gate, up, in_stride, out, out_stride, limit, zero_buf,
                                                   zero_words);
 }

@@ -198,6 +198,7 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat
                          __nv_bfloat16* __restrict__ og, int og_stride,
                          float* __restrict__ beta, int beta_stride,
                          __nv_bfloat16* __restrict__ f_out, int f_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
         dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
         f_out, f_stride);

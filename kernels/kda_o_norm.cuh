@@ -61,6 +61,7 @@ kda_o_norm_gated_bf16(const float* __restrict__ o, int o_stride,
                       const __nv_bfloat16* __restrict__ gate, int gate_stride,
                       const __nv_bfloat16* __restrict__ weight, int weight_head_stride, float eps,
                       __nv_bfloat16* __restrict__ y, int y_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_o_norm_gated_bf16_dev<H, D>(o, o_stride, gate, gate_stride, weight, weight_head_stride, eps,
         y, y_stride);
 }

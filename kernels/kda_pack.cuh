@@ -15,6 +15,7 @@
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include "kbp_common.cuh"
 
 namespace kbp {
 
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(THREADS)
 kda_pack_qkv_bf16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                   const __nv_bfloat16* __restrict__ v, int q_stride, int k_stride, int v_stride,
                   __nv_bfloat16* __restrict__ out, int out_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_pack_qkv_bf16_dev<NQ, NK, NV, THREADS>(q, k, v, q_stride, k_stride, v_stride, out,
         out_stride);
 }

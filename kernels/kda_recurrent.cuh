@@ -127,6 +127,7 @@ kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* __restrict__ q,
                                   const float* __restrict__ beta, int beta_stride, float scale,
                                   float* __restrict__ state, long state_stride,
                                   float* __restrict__ snap, float* __restrict__ out, int out_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,
         decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);
 }

@@ -112,6 +112,7 @@ rms_norm(__nv_bfloat16* x, long x_stride, long x_group_stride,
          __nv_bfloat16* __restrict__ residual, long residual_stride,
          const __nv_bfloat16* __restrict__ weight, float eps,
          __nv_bfloat16* y, long y_stride, long y_group_stride) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_dev<D, THREADS, ONE_PLUS, MODE>(x, x_stride, x_group_stride, s, s_stride, residual,
         residual_stride, weight, eps, y, y_stride, y_group_stride);
 }

@@ -226,6 +226,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* __restrict__ co
                                                   const uint8_t* __restrict__ scales, float gscale,
                                                   const __nv_bfloat16* __restrict__ x,
                                                   __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_dev<K>(codes, scales, gscale, x, y, N);
 }
 
@@ -242,6 +243,7 @@ __device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* __restrict__ 
 template <int K>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* __restrict__ table, int nseg,
                                                       const __nv_bfloat16* __restrict__ x) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_seg_dev<K>(table, nseg, x);
 }
 
@@ -254,6 +256,7 @@ struct W4A16SegList {
 template <int K, int NSEG>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                            const __nv_bfloat16* __restrict__ x) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     w4a16_gemv_seg_dev<K>(segs.seg, NSEG, x);
 }
@@ -353,6 +356,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t
                                                                    const __nv_bfloat16* __restrict__ g,
                                                                    const __nv_bfloat16* __restrict__ u, float limit,
                                                                    __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_silu_clamp_input_dev<K>(codes, scales, gscale, g, u, limit, y, N);
 }
 
@@ -362,6 +366,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* __re
                                                              const __nv_bfloat16* __restrict__ g,
                                                              const __nv_bfloat16* __restrict__ u,
                                                              __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_silu_input_dev<K>(codes, scales, gscale, g, u, y, N);
 }
 
@@ -393,6 +398,7 @@ __global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_
                                                          const uint8_t* __restrict__ dn_codes,
                                                          const uint8_t* __restrict__ dn_scales, float dn_gscale,
                                                          float limit, __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_shared_pair_dev<K, I>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales, dn_gscale,
                                 limit, y, N);
 }

@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* __re
                                                        uint8_t* __restrict__ a_codes,
                                                        uint8_t* __restrict__ a_scales,
                                                        float* __restrict__ a_g) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_quant_rows_dev<K>(x, a_codes, a_scales, a_g);
 }
 
@@ -266,6 +267,7 @@ __global__ void __launch_bounds__(256, 2) w4a4_gemv(const uint8_t* __restrict__ 
                                                  const uint8_t* __restrict__ w_codes,
                                                  const uint8_t* __restrict__ w_scales, float w_gscale,
                                                  __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_dev<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }
 

@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat1
                                                               uint8_t* __restrict__ a_codes,
                                                               uint8_t* __restrict__ a_scales,
                                                               float* __restrict__ a_g) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_quant_rows_static_dev<K>(x, gamma, a_codes, a_scales, a_g);
 }
 
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots(
     const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
     const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
     const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_dev<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }
 
@@ -121,6 +123,7 @@ __global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots_bf16(
     const int* __restrict__ ids, int act_div, const __nv_bfloat16* __restrict__ x, float gamma,
     const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
     const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_bf16_dev<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N);
 }
 

@@ -117,6 +117,7 @@ __device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* __re
 template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* __restrict__ x,
                                                           uint8_t* __restrict__ q, float* __restrict__ s) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_row_dev<K>(x, q, s);
 }
 
@@ -130,6 +131,7 @@ __device__ __forceinline__ void w8a8_act_quant_g128_dev(const __nv_bfloat16* __r
 template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_g128(const __nv_bfloat16* __restrict__ x,
                                                            uint8_t* __restrict__ q, float* __restrict__ s) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_g128_dev<K>(x, q, s);
 }
 
@@ -145,6 +147,7 @@ template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_silu_row(const __nv_bfloat16* __restrict__ g,
                                                                const __nv_bfloat16* __restrict__ u,
                                                                uint8_t* __restrict__ q, float* __restrict__ s) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_row_dev<K>(g, u, q, s);
 }
 
@@ -160,6 +163,7 @@ template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_silu_g128(const __nv_bfloat16* __restrict__ g,
                                                                 const __nv_bfloat16* __restrict__ u,
                                                                 uint8_t* __restrict__ q, float* __restrict__ s) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_g128_dev<K>(g, u, q, s);
 }
 

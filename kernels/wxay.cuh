@@ -146,6 +146,7 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* __restric
                                                      const uint8_t* __restrict__ w_codes,
                                                      const float* __restrict__ w_scales,
                                                      __nv_bfloat16* __restrict__ y, int N) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     wxay_rowscale_dev<K>(a_codes, a_scale, w_codes, w_scales, y, N);
 }
 
@@ -164,6 +165,7 @@ template <int K>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split(const WxaySeg* __restrict__ table, int nseg,
                                                            const uint8_t* __restrict__ a_codes,
                                                            const float* __restrict__ a_scale) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     wxay_rowscale_split_dev<K>(table, nseg, a_codes, a_scale);
 }
 
@@ -176,6 +178,7 @@ template <int K, int NSEG>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_constant__ WxaySegList<NSEG> segs,
                                                                 const uint8_t* __restrict__ a_codes,
                                                                 const float* __restrict__ a_scale) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
     wxay_rowscale_split_dev<K>(segs.seg, NSEG, a_codes, a_scale);
 }

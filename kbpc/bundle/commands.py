@@ -117,7 +117,9 @@ def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None,
     report = compare_numerics(load_bundle_model(bundle, trust), positions, on_position=show)
     if json_path:
         write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
-    click.echo(f"numerics: max rel L2 {report.max_rel_l2:.3e} (limit 1e-2), same greedy token at "
-               f"{100 * report.agreement:.1f}% of {positions} positions (limit 95%)")
+    rel_limit, agree_limit = report.limits
+    click.echo(f"numerics ({report.mode} mode): max rel L2 {report.max_rel_l2:.3e} (limit {rel_limit:g}), same "
+               f"greedy token at {100 * report.agreement:.1f}% of {positions} positions (limit "
+               f"{100 * agree_limit:g}%)")
     if not report.passed:
         raise KbpcError("the GPU step does not match the reference within the limits", str(bundle))

@@ -1,10 +1,5 @@
-"""What a family lowering sees of the plan: buffer, weight and state expressions for the step
-program, the group's nodes and edges, symbols and constants.
-
-Step-program scope names (defined by templates/step.cu.j2):
-  A  uint8_t* arena base         W[i] const void* weight i     S[i] void* state buffer i
-  TOKEN  const int* device token id     POS  const int* device position (0-based)
-  SEQ    const int* device cached-token count after this token's writes (POS + 1)
+"""What a family lowering sees of the plan: typed references to buffers, weights and state
+(kbpc.codegen.args), the group's nodes and edges, symbols and constants.
 
 Quantized activation buffers are planar: every row's codes, then every row's scales, then one
 FP32 scale per row (fp8/token: codes [rows][K], scales [rows]; nvfp4/g16: codes [rows][K/2],
@@ -14,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from kbpc.codegen.args import ArenaPtr, FloatLit, StatePtr, WeightPtr, WeightScalar
 from kbpc.errors import KbpcError
 from kbpc.ir.plan import Buffer, LoweredGroup, Plan
 from kbpc.ir.records import Node, Tensor
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 class LoweringError(KbpcError):
@@ -26,9 +22,9 @@ class LoweringError(KbpcError):
 
 @dataclass(frozen=True)
 class Quant:
-    codes: str
-    scales: str
-    globals: str
+    codes: ArenaPtr
+    scales: ArenaPtr
+    globals: ArenaPtr
 
 
 class LowerCtx:
@@ -86,13 +82,13 @@ class LowerCtx:
         return outs[0]
 
     # -- expressions ---------------------------------------------------------------------------
-    def buf(self, t: Tensor, ctype: str = "__nv_bfloat16") -> str:
-        """Arena pointer expression of a materialized tensor."""
+    def buf(self, t: Tensor, ctype: str = "__nv_bfloat16") -> ArenaPtr:
+        """Arena pointer of a materialized tensor."""
         name = buffer_name(self.bp, t)
         b = self._buffers.get(name)
         if b is None:
             raise LoweringError(f"tensor {t.id} is not materialized (fused inside a group?)", f"edge {t.id}")
-        return f"(({ctype}*)(A + {b.offset}))"
+        return ArenaPtr(name, b.offset, ctype)
 
     def rows(self, t: Tensor) -> int:
         b = self._buffers.get(buffer_name(self.bp, t))
@@ -106,37 +102,34 @@ class LowerCtx:
         k, rows = t.dim_value, self.rows(t)
         if t.format == "fp8/token":
             codes, scales = b.offset, b.offset + rows * k
-            return Quant(f"((uint8_t*)(A + {codes}))", f"((float*)(A + {scales}))", f"((float*)(A + {scales}))")
+            return Quant(ArenaPtr(name, codes, "uint8_t"), ArenaPtr(name, scales, "float"), ArenaPtr(name, scales, "float"))
         if t.format == "nvfp4/g16":
             codes = b.offset
             scales = codes + rows * k // 2
             globs = scales + rows * k // 16
-            return Quant(f"((uint8_t*)(A + {codes}))", f"((uint8_t*)(A + {scales}))", f"((float*)(A + {globs}))")
+            return Quant(ArenaPtr(name, codes, "uint8_t"), ArenaPtr(name, scales, "uint8_t"), ArenaPtr(name, globs, "float"))
         raise LoweringError(f"{t.format} is not a quantized format", f"edge {t.id}")
 
-    def weight(self, node: Node | str, suffix: str = "weight", ctype: str = "uint8_t") -> str:
+    def weight(self, node: Node | str, suffix: str = "weight", ctype: str = "uint8_t") -> WeightPtr:
         name = f"{node if isinstance(node, str) else node.id}.{suffix}"
         if name not in self._weights:
             raise LoweringError(f"no weight {name}")
-        return f"((const {ctype}*)W[{self._weights[name]}])"
+        return WeightPtr(self._weights[name], name, ctype)
 
-    def weight_value(self, node: Node | str, suffix: str) -> str:
+    def weight_value(self, node: Node | str, suffix: str) -> WeightScalar:
         """The host value of a one-element FP32 weight (a static scale): the runtime copies every
-        one-element weight to the host once at create time, as WS[i]."""
+        one-element weight to the host once at create time."""
         name = f"{node if isinstance(node, str) else node.id}.{suffix}"
         if name not in self._weights:
             raise LoweringError(f"no weight {name}")
-        return f"WS[{self._weights[name]}]"
+        return WeightScalar(self._weights[name], name)
 
-    def state(self, name: str, ctype: str) -> str:
+    def state(self, name: str, ctype: str) -> StatePtr:
         if name not in self._state:
             raise LoweringError(f"no state buffer {name}")
-        return f"(({ctype}*)S[{self._state[name]}])"
+        return StatePtr(self._state[name], name, ctype)
 
 
-def flt(x: float) -> str:
-    """A C++ float literal (the nearest float to x)."""
-    x = float(x)
-    if x != x or x in (float("inf"), float("-inf")):
-        raise ValueError(f"not a finite constant: {x}")
-    return f"{x!r}f"
+def flt(x: float) -> FloatLit:
+    """An FP32 constant argument (the nearest float to x; must be finite)."""
+    return FloatLit(float(x))

@@ -1,6 +1,7 @@
-"""Plan -> sources: lower every scheduled group with its family lowering, then render one TU per
-kernel instance and the step program from templates/. Output is byte-identical run to run (stable
-iteration order, no timestamps)."""
+"""Plan -> sources: lower every scheduled group with its family lowering into a step program of
+typed launches, run the launch passes on it, then render one TU per kernel instance and the step
+program from templates/. Output is byte-identical run to run (stable iteration order, no
+timestamps)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,10 @@ import jinja2
 
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import lower_group
+from kbpc.codegen.launch_passes import run_launch_passes
 from kbpc.codegen.records import (GroupCode, KernelInstance, StateBinding, StepProgram,
                                   WeightBinding)
+from kbpc.codegen.render_args import launch_call, launcher_decl, render_arg
 from kbpc.ir.plan import Plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -31,9 +34,12 @@ class Sources:
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              autoescape=False)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["cxx"] = render_arg
+    env.globals.update(launch_call=launch_call, launcher_decl=launcher_decl)
+    return env
 
 
 def build_step(plan: Plan, command: str) -> StepProgram:
@@ -55,7 +61,7 @@ def build_step(plan: Plan, command: str) -> StepProgram:
         raise LoweringError(f"expected one argmax node for the logits, found {len(argmax)}")
     logits = ctx.input(argmax[0])
     events = sum(1 for s in plan.schedule if s.record is not None)
-    return StepProgram(
+    step = StepProgram(
         blueprint_id=bp.meta.blueprint_id, plan_digest=plan.digest, command=command,
         target=plan.options.target, streams=plan.streams, events=events,
         arena_bytes=plan.arena_bytes, vocab=logits.dim_value, logits_buffer=ctx.buf(logits),
@@ -64,6 +70,7 @@ def build_step(plan: Plan, command: str) -> StepProgram:
         state=tuple(StateBinding(i, s.name, s.nbytes, s.storage) for i, s in enumerate(plan.state)),
         headers=tuple(sorted({inst.header for inst in instances.values()})),
         instances=tuple(instances[k] for k in sorted(instances)))
+    return run_launch_passes(step, plan.options)
 
 
 def generate(plan: Plan, command: str) -> Sources:
@@ -71,11 +78,7 @@ def generate(plan: Plan, command: str) -> Sources:
     header = GeneratedHeader(step.blueprint_id, step.plan_digest, command)
     env = _env()
     files = {"src/step.cu": env.get_template("step.cu.j2").render(header=header, step=step)}
-    uses: dict[str, list] = {}
-    for gc in step.groups:
-        for launch in gc.launches:
-            uses.setdefault(launch.instance.name, []).append(launch)
     tu = env.get_template("kernel_instance.cu.j2")
     for inst in step.instances:
-        files[f"src/kernels/{inst.name}.cu"] = tu.render(header=header, inst=inst, launches=uses[inst.name])
+        files[f"src/kernels/{inst.name}.cu"] = tu.render(inst=inst)
     return Sources(files=files, step=step)

@@ -6,6 +6,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from kbpc.codegen.args import Arg, ArenaPtr
+
 
 @dataclass(frozen=True)
 class KernelInstance:
@@ -30,10 +32,11 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
-    args: tuple[str, ...]            # C++ argument expressions (step program scope)
+    args: tuple[Arg, ...]            # typed references (kbpc.codegen.args), rendered by render_args
     group: int
     nodes: tuple[str, ...]
     note: str = ""
+    pdl: bool = False                # launched with programmatic dependent launch (launch pass)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,6 @@ class GroupCode:
     record: int | None
     nodes: tuple[str, ...]
     launches: tuple[Launch, ...]
-    prelude: tuple[str, ...] = ()    # C++ statements before the launches (e.g. small tables)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class StepProgram:
     events: int
     arena_bytes: int
     vocab: int
-    logits_buffer: str               # C++ expression of the BF16 logits row
+    logits_buffer: ArenaPtr          # the BF16 logits row
     logits_bytes: int
     groups: tuple[GroupCode, ...]
     weights: tuple[WeightBinding, ...]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from kbpc.build.nvcc import compile_cuda
 from kbpc.codegen.context import LowerCtx
-from kbpc.codegen.emit import GeneratedHeader, _env
+from kbpc.codegen.emit import _env
 from kbpc.codegen.families import lower_group
+from kbpc.codegen.render_args import launch_call, launcher_decl
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
@@ -39,20 +40,15 @@ def selfcheck(family: str, blueprint: Path, target: str = "sm_90", out_dir: Path
     if not launches:
         raise SystemExit(f"no groups of family {family} in {blueprint}")
     out = Path(out_dir or tempfile.mkdtemp(prefix=f"kbpc-selfcheck-{family}-"))
-    header = GeneratedHeader(plan.blueprint.meta.blueprint_id, plan.digest, "selfcheck")
     env = _env()
     instances = {l.instance.name: l.instance for l in launches}
     paths = []
     for name, inst in sorted(instances.items()):
         tu = out / f"{name}.cu"
-        tu.write_text(env.get_template("kernel_instance.cu.j2").render(
-            header=header, inst=inst, launches=[l for l in launches if l.instance.name == name]))
+        tu.write_text(env.get_template("kernel_instance.cu.j2").render(inst=inst))
         paths.append(tu)
-    decls = "\n".join(f"cudaError_t kbp_launch_{i.name}(dim3, dim3, size_t, cudaStream_t"
-                      + "".join(f", {p}" for p in i.params) + ");" for i in instances.values())
-    calls = "\n".join(f"    e = kbp_launch_{l.instance.name}(dim3({', '.join(map(str, l.grid))}), "
-                      f"dim3({', '.join(map(str, l.block))}), {l.smem}, stream"
-                      + "".join(f", {a}" for a in l.args) + ");" for l in launches)
+    decls = "\n".join(launcher_decl(i) for i in instances.values())
+    calls = "\n".join(f"    e = {launch_call(l, 'stream')};" for l in launches)
     includes = "\n".join(f'#include "{h}"' for h in sorted({i.header for i in instances.values()}))
     caller = out / "caller.cu"
     caller.write_text(CALLER.format(includes=includes, decls=decls, calls=calls))

@@ -1,6 +1,7 @@
 """Load a kbp-graph/v2 blueprint into the checked, typed IR (`Blueprint`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -10,7 +11,7 @@ import networkx as nx
 
 from kbpc.errors import BlueprintError, KbpcError
 from kbpc.frontend.checks import (check_acyclic, check_bytes, check_edges, check_groups,
-                                  check_nodes)
+                                  check_nodes, rows_multiplier)
 from kbpc.frontend.collapsed import check_collapsed
 from kbpc.frontend.dims import DimFact, eval_dim, solve_symbols, symbols_of, parse_dim
 from kbpc.frontend.schema import check_structure
@@ -83,6 +84,8 @@ def _build(doc: Any, source: str, config_path: Path | None) -> Blueprint:
     for t in tensors:
         inputs_of[t.dst].append(t)
     check_bytes(tensors, inputs_of, symbols, 1)
+    for t in _resolve_rows(tensors, inputs_of, symbols):
+        graph.edges[t.src, t.dst, t.index]["tensor"] = t
     groups_by_id = tuple(sorted(groups, key=lambda g: g.id))
     meta = BlueprintMeta(source=source, schema=doc["schema"], blueprint_id=doc["blueprint_id"],
                          lineage=doc["lineage"], revision=doc["revision"], arm=doc["arm"],
@@ -119,6 +122,27 @@ def _solve(tensors: list[Tensor], config: ModelConfig) -> dict[str, int]:
             f"the edges do not determine {', '.join(missing)}; set them in a config file "
             f'(--config FILE.json with {{"symbols": {{"{missing[0]}": ...}}}})')
     return dict(sorted(symbols.items()))
+
+
+def _resolve_rows(tensors: list[Tensor], inputs_of: dict[int, list[Tensor]],
+                  symbols: dict[str, int]) -> list[Tensor]:
+    """Each edge's rows as a number of rows per token of the batch (rows = factor x n). Edges with
+    rows null carry the rows of their producer's inputs (the widest of them)."""
+    def factor(rows: str | None, where: Tensor) -> int | None:
+        if rows is None:
+            return None
+        one, two = (rows_multiplier(rows, symbols, n) for n in (1, 2))
+        if one < 1 or two != 2 * one:
+            raise BlueprintError(f"rows `{rows}` is not a positive multiple of the batch n",
+                                 f"edge {where.id} (edges[{where.index}]): rows")
+        return one
+    out = []
+    for t in tensors:
+        f = factor(t.rows, t)
+        if f is None:
+            f = max((m for i in inputs_of.get(t.src, []) if (m := factor(i.rows, i)) is not None), default=1)
+        out.append(dataclasses.replace(t, rows_per_token=f))
+    return out
 
 
 def _node(n: dict) -> Node:

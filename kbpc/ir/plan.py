@@ -7,11 +7,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
+from kbpc.ir.grouping import Grouping
+from kbpc.ir.state import StateBuffer
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
+
+
+NUMERICS_MODES = ("exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -22,9 +28,18 @@ class Options:
     max_context: int = 4096
     max_streams: int = 4
     arena_reuse: bool = True          # False: every buffer its own bytes (debugging intermediates)
+    numerics: str = "fast"            # exact: bit-exact vs the reference; fast: stated bounds (DESIGN)
+    pdl: bool = True                  # programmatic dependent launch between a stream's kernels
+    fuse: bool = True                 # merge groups across the blueprint's boundaries (fuse_groups)
+    batch: int = 1                    # tokens per step (decode rows); only 1 is lowered today
 
     def __post_init__(self):
         get_target(self.target)
+        if self.numerics not in NUMERICS_MODES:
+            raise KbpcError(f"numerics must be one of {', '.join(NUMERICS_MODES)}, got {self.numerics!r}",
+                            "--numerics")
+        if self.batch != 1:
+            raise KbpcError(f"batch {self.batch}: only batch-1 decode is lowered", "--batch")
         if self.tp < 1:
             raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
         if self.max_context < 1:
@@ -42,6 +57,17 @@ class LoweredGroup:
     variant: str                      # kbpc's implementation on this target
     where: str                        # device | host
     requants: tuple[str, ...] = ()    # explicit requantizations this group performs ("a->b@edge")
+    fused_from: tuple[int, ...] = ()  # the blueprint groups the fusion pass merged into this one
+
+
+@dataclass(frozen=True)
+class FusionRecord:
+    """One candidate of the fusion pass: the groups of a rule's match, and whether they were merged
+    (and why, or why not)."""
+    rule: str
+    groups: tuple[int, ...]
+    applied: bool
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -55,14 +81,6 @@ class Buffer:
     last_use: int                     # schedule position of the last reader (inclusive)
     first_use: int                    # schedule position of the producer
     offset: int = -1                  # arena offset (memory planning)
-
-
-@dataclass(frozen=True)
-class StateBuffer:
-    name: str                         # owner node id + "." + what
-    nbytes: int
-    shape: tuple[int, ...]
-    storage: str
 
 
 @dataclass(frozen=True)
@@ -88,7 +106,13 @@ class Plan:
     buffers: tuple[Buffer, ...] = ()
     arena_bytes: int = 0
     state: tuple[StateBuffer, ...] = ()
+    fusions: tuple[FusionRecord, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @cached_property
+    def grouping(self) -> Grouping:
+        """Which group runs each node, and the queries passes ask of it (kbpc/ir/grouping.py)."""
+        return Grouping(self.blueprint, self.groups)
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -61,6 +61,7 @@ class Tensor:
     dim_value: int
     bytes_per_token: int | None
     requant: Requant | None
+    rows_per_token: int = 1   # rows resolved by the front end: rows = rows_per_token x batch
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Callable
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.plan import Options, Plan
 from kbpc.passes.check_fusion import check_fusion
+from kbpc.passes.fuse_groups import fuse_groups
 from kbpc.passes.invariants import check_invariants
 from kbpc.passes.lower_precision import lower_precision
 from kbpc.passes.plan_memory import plan_memory
@@ -25,6 +26,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("check_fusion", check_fusion),
     # lower it to this target
     ("lower_precision", lower_precision),
+    ("fuse_groups", fuse_groups),
     ("split_tensor_parallel", split_tensor_parallel),
     # order and place it
     ("schedule_streams", schedule_streams),

@@ -27,9 +27,9 @@ def lower_precision(plan: Plan) -> Plan:
             if src.op != "act_quant":
                 raise KbpcError(f"requantization at the producer, but {src.id} is a {src.op}, not an "
                                 "act_quant", f"edge {t.id} (edges[{t.index}])")
-            owner = src.group
+            owner = plan.grouping.group_of(src)
         elif t.requant.at == "reader":
-            owner = dst.group
+            owner = plan.grouping.group_of(dst)
         else:
             raise KbpcError(f"requant 'at' must be producer or reader, got {t.requant.at!r}",
                             f"edge {t.id} (edges[{t.index}])")

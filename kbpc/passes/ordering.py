@@ -1,34 +1,13 @@
-"""Dependencies between groups and the happens-before order a stream schedule gives them.
-
-Dependencies are the data edges between groups plus the state they share: a group that reads a
-cache in a step (`latent:read`, `index:read`) depends on the group of the same block that writes
-it (`latent:write`, `index:write`)."""
+"""Dependencies between groups (kbpc/ir/grouping.py) and the happens-before order a stream
+schedule gives them."""
 from __future__ import annotations
-
-from collections import defaultdict
 
 from kbpc.ir.plan import Plan, ScheduledGroup
 
-_STATE_WRITES = {"latent:read": ("latent:write",), "index:read": ("index:write", "tail:update")}
-
 
 def group_dependencies(plan: Plan) -> dict[int, set[int]]:
-    """group id -> ids of the groups it must run after (within one step)."""
-    bp = plan.blueprint
-    deps: dict[int, set[int]] = {g.id: set() for g in bp.groups}
-    for t in bp.tensors():
-        a, b = bp.node(t.src).group, bp.node(t.dst).group
-        if a != b:
-            deps[b].add(a)
-    writers: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for node in bp.nodes():
-        for kind in node.state:
-            writers[(node.block, kind)].add(node.group)
-    for node in bp.nodes():
-        for kind in node.state:
-            for w in _STATE_WRITES.get(kind, ()):
-                deps[node.group] |= writers.get((node.block, w), set()) - {node.group}
-    return deps
+    """group id -> ids of the groups it must run after (within one step): the plan's grouping."""
+    return plan.grouping.dependencies()
 
 
 class HappensBefore:

@@ -28,11 +28,7 @@ def group_costs(plan: Plan) -> dict[int, float]:
     costs = {}
     for g in plan.groups:
         moved = sum(weight_bytes[n] for n in g.nodes)
-        for node_id in g.nodes:
-            node = bp.node_by_id[node_id]
-            for t in bp.inputs(node.order):
-                if bp.node(t.src).group != g.id:
-                    moved += FORMATS[t.format].row_bytes(t.dim_value)
+        moved += sum(FORMATS[t.format].row_bytes(t.dim_value) for t in plan.grouping.inputs(g.id))
         costs[g.id] = moved / BANDWIDTH_BYTES_PER_US + LAUNCH_US * max(1, len(g.kernels))
     return costs
 

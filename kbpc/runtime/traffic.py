@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.weights import weight_specs
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 def _state_bytes(bp: Blueprint, node, context: int) -> float:
@@ -43,17 +43,18 @@ def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
         weights[spec.node] += spec.bytes_per_token
     buffers = {b["name"]: b["nbytes"] for b in plan["buffers"]}
     out: dict[int, float] = defaultdict(float)
+    group_of: dict[int, int] = {}          # node order -> the plan's group (after fusion)
     for g in plan["groups"]:
         for node_id in g["nodes"]:
             node = bp.node_by_id[node_id]
+            group_of[node.order] = g["id"]
             out[g["id"]] += weights[node_id] + _state_bytes(bp, node, context)
     seen: set[tuple[int, str]] = set()
     for t in bp.tensors():
-        src, dst = bp.node(t.src), bp.node(t.dst)
         name = buffer_name(bp, t)
         if name not in buffers:
             continue
-        for gid in (src.group, dst.group):
+        for gid in (group_of[t.src], group_of[t.dst]):
             if (gid, name) not in seen:      # a group touches each buffer once
                 seen.add((gid, name))
                 out[gid] += buffers[name]

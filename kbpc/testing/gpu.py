@@ -35,12 +35,19 @@ def _cuda():
     return cuda
 
 
+def headers_digest() -> str:
+    """SHA-256 over the compile flags and every kernels/ header (a test binary's cache key part)."""
+    digest = hashlib.sha256()
+    for part in (*BASE_FLAGS, *(h.read_text() for h in sorted(KERNELS_DIR.glob("*.cuh")))):
+        digest.update(part.encode())
+    return digest.hexdigest()
+
+
 def load_module(source: str, name: str, target: str = "sm_90", extra_flags: tuple[str, ...] = ()):
     """Compile `source` (which may #include any kernels/ header) and load it; cached by content."""
     cuda = _cuda()
-    headers = sorted(KERNELS_DIR.glob("*.cuh"))
     digest = hashlib.sha256()
-    for part in (source, target, *BASE_FLAGS, *extra_flags, *(h.read_text() for h in headers)):
+    for part in (source, target, *extra_flags, headers_digest()):
         digest.update(part.encode())
     key = digest.hexdigest()[:20]
     cubin = _CACHE_DIR / f"{name}-{key}.cubin"

@@ -5,17 +5,20 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from kbpc.codegen.args import ArenaPtr, Arg, arena_buffers, walk
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.records import Launch
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import LoweredGroup, Options, Plan
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 @lru_cache(maxsize=8)
-def planned(path: str, target: str = "sm_90") -> tuple[Plan, LowerCtx]:
-    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target))
+def planned(path: str, target: str = "sm_90", fuse: bool = False) -> tuple[Plan, LowerCtx]:
+    """The planned blueprint and its lowering context; by default without the fusion pass, so a
+    family's tests see the blueprint's own groups (fused forms are tested with fuse=True)."""
+    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse))
     return plan, LowerCtx(plan)
 
 
@@ -35,13 +38,12 @@ def output_buffers(plan: Plan, group: LoweredGroup) -> list[str]:
     return out
 
 
-def arena_ref(plan: Plan, name: str) -> str:
-    """The arena-offset part every pointer expression of buffer `name` contains."""
-    b = next(b for b in plan.buffers if b.name == name)
-    return f"(A + {b.offset}))"
+def points_into(arg: Arg, name: str) -> bool:
+    """Whether a launch argument is (or holds) a pointer into arena buffer `name`."""
+    return any(isinstance(a, ArenaPtr) and a.buffer == name for a in walk(arg))
 
 
 def unwritten(plan: Plan, group: LoweredGroup, launches: list[Launch]) -> list[str]:
     """Output buffers of the group that appear in no launch argument."""
-    args = [a for launch in launches for a in launch.args]
-    return [n for n in output_buffers(plan, group) if not any(arena_ref(plan, n) in a for a in args)]
+    touched = set().union(*(arena_buffers(launch.args) for launch in launches))
+    return [n for n in output_buffers(plan, group) if n not in touched]

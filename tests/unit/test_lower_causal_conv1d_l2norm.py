@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import FloatLit, StatePtr, lit
 from kbpc.codegen.context import LoweringError
 from kbpc.codegen.families import causal_conv1d_l2norm as conv
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -41,10 +42,10 @@ def test_conv_launches(tiny):
         assert launch.nodes == g.nodes
         x, xs, window, ws, taps, bias, eps, y, ys = launch.args
         pack = plan.blueprint.node(ctx.input(plan.blueprint.node_by_id[conv_id]).src)
-        assert pack.op_base == "concat" and arena_ref(plan, f"{pack.id}.qkv") in x
-        assert xs == ys == str(channels) and ws == str(channels * w)
-        assert window == f"((float*)S[{state.index(conv_id + '.window')}])"
+        assert pack.op_base == "concat" and points_into(x, f"{pack.id}.qkv")
+        assert xs == ys == lit(channels) and ws == lit(channels * w)
+        assert window == StatePtr(state.index(conv_id + '.window'), conv_id + '.window', "float")
         assert taps == ctx.weight(conv_id, "conv_weight", BF) and bias == ctx.weight(conv_id, "conv_bias", BF)
-        assert eps == f"{c.l2_norm_eps!r}f"
-        assert arena_ref(plan, f"{l2_id}.qkvn") in y
+        assert eps == FloatLit(c.l2_norm_eps)
+        assert points_into(y, f"{l2_id}.qkvn")
         assert unwritten(plan, g, [launch]) == []

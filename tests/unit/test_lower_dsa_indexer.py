@@ -6,12 +6,13 @@ import dataclasses
 
 import pytest
 
+from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import dsa_indexer
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, StateBuffer
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 def with_scratch(plan):
@@ -68,7 +69,7 @@ def test_store(tiny):
         assert a == ctx.weight(node, "slot_bias", ctype="float")
         assert keys == ctx.state(f"{node.id}.tail_keys", "__nv_bfloat16")
         assert gates == ctx.state(f"{node.id}.tail_gates", "__nv_bfloat16")
-        assert rows == str(kp) and tau == "POS"
+        assert rows == lit(kp) and tau == StepInput("POS")
         assert pool_keys == ctx.state(f"{node.id}.pool_keys", "float")
 
 
@@ -86,11 +87,11 @@ def test_select(tiny):
         assert scores_l.instance.kernel == f"kbp::dsa_index_scores<{h}, {d}, {kp}>"
         assert scores_l.grid == (-(-plan.options.max_context // kp // 128), 1, 1) and scores_l.block == (128, 1, 1)
         assert scores_l.args == (ctx.buf(ctx.input(node, "iq"), "float"), ctx.buf(ctx.input(node, "iw"), "float"),
-                                 ctx.state(f"{pool.id}.pool_keys", "float"), "SEQ", "POS", scores)
+                                 ctx.state(f"{pool.id}.pool_keys", "float"), StepInput("SEQ"), StepInput("POS"), scores)
         assert topk_l.instance.kernel == f"kbp::dsa_topk_select<{kp}, {topk}>"
         assert (topk_l.grid, topk_l.block) == ((1, 1, 1), (1024, 1, 1))
         sel = ctx.output(node)
-        assert topk_l.args == (scores, "SEQ", "POS", sel_pools, ctx.buf(sel, "int32_t"))
+        assert topk_l.args == (scores, StepInput("SEQ"), StepInput("POS"), sel_pools, ctx.buf(sel, "int32_t"))
         assert buffer_name(plan.blueprint, sel) in {b.name for b in plan.buffers}
 
 

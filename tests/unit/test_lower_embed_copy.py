@@ -5,9 +5,10 @@ import dataclasses
 
 import pytest
 
+from kbpc.codegen.args import NULL, StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families import embed_copy
-from kbpc.ir.plan import StateBuffer
+from kbpc.ir.state import StateBuffer
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
 
@@ -25,8 +26,8 @@ def test_embed_launch(tiny):
     d, vocab = ctx.output(node).dim_value, plan.blueprint.symbols["vocab"]
     assert launch.instance.kernel == f"kbp::embed_copy<{d}, 8>"
     assert (launch.grid, launch.block, launch.smem) == ((-(-d // 512), 1, 1), (64, 1, 1), 0)
-    assert launch.args == ("TOKEN", ctx.weight(node, ctype="uint16_t"), str(vocab),
-                           ctx.buf(ctx.output(node), "uint16_t"), "nullptr")
+    assert launch.args == (StepInput("TOKEN"), ctx.weight(node, ctype="uint16_t"), lit(vocab),
+                           ctx.buf(ctx.output(node), "uint16_t"), NULL)
     assert unwritten(plan, g, [launch]) == []
 
 

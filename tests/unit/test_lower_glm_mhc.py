@@ -5,10 +5,14 @@ import dataclasses
 
 import pytest
 
+from kbpc.ir.buffers import buffer_name
+from kbpc.ir.state import hc_pre_state
+from kbpc.codegen.render_args import render_arg as r
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import glm_mhc
 from kbpc.codegen.families._rows import row_grid, vec_width
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 RULES = {"glm_hc_expand", "glm_hc_pre_norm_c1_input", "glm_hc_pre_norm_c1_post", "glm_hc_post",
@@ -24,8 +28,8 @@ def test_plan_has_pre_state(tiny):
             node = plan.blueprint.node_by_id[node_id]
             if node.op == "hc_pre":
                 mix = next(t for t in plan.blueprint.inputs(node.order) if t.id.endswith(".mix"))
-                for name, (nbytes, storage) in glm_mhc.pre_state(node, 1, mix.dim_value).items():
-                    assert state[name].nbytes == nbytes and state[name].storage == storage
+                for want in hc_pre_state(node, 1, mix.dim_value):
+                    assert state[want.name] == want
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +91,9 @@ def test_post_mix(tiny):
         assert (launch.grid, launch.block) == ((-(-d // 128), 1, 1), (32, 1, 1))
         x, parts, post, comb, out = launch.args
         assert x == ctx.buf(stream, "const float") and out == ctx.buf(y, "float") and x != ctx.buf(y, "const float")
-        assert parts == f"kbp::mhc::RankParts<1>{{{{{ctx.buf(u, f'const {BF}')}}}}}"
+        assert r(parts) == f"kbp::mhc::RankParts<1>{{{{{r(ctx.buf(u, f'const {BF}'))}}}}}"
         pre = bp.node(ctx.input(node, "post").src).id
-        assert arena_ref(plan, f"{pre}.post") in post and arena_ref(plan, f"{pre}.comb") in comb
+        assert points_into(post, f"{pre}.post") and points_into(comb, f"{pre}.comb")
 
 
 def test_pre_norm(tiny):
@@ -106,14 +110,14 @@ def test_pre_norm(tiny):
         assert launch.instance.params == (params,)
         assert (launch.grid, launch.block, launch.smem) == (((2 + n) * n, 1, 1), (288, 1, 1), 0)
         c = ctx.c
-        want = (f"{params}{{{ctx.buf(x, 'const float')}, {{{{nullptr}}}}, nullptr, nullptr, nullptr, "
-                f"{ctx.weight(mix, ctype=BF)}, {ctx.weight(pre, 'alpha', 'float')}, "
-                f"{ctx.weight(pre, 'beta', 'float')}, {ctx.weight(norm, ctype=BF)}, {flt(c.hc_norm_eps)}, "
-                f"{flt(c.hc_eps)}, {flt(c.hc_site_norm_eps)}, {c.sinkhorn_iters}, "
-                f"{ctx.state(pre.id + '.mix', 'float')}, {ctx.state(pre.id + '.counters', 'unsigned int')}, "
-                f"nullptr, {ctx.buf(normed)}, {ctx.buf(ctx.output(pre, 'post'), 'float')}, "
-                f"{ctx.buf(ctx.output(pre, 'comb'), 'float')}}}")
-        assert launch.args == (want,)
+        want = (f"{params}{{{r(ctx.buf(x, 'const float'))}, {{{{nullptr}}}}, nullptr, nullptr, nullptr, "
+                f"{r(ctx.weight(mix, ctype=BF))}, {r(ctx.weight(pre, 'alpha', 'float'))}, "
+                f"{r(ctx.weight(pre, 'beta', 'float'))}, {r(ctx.weight(norm, ctype=BF))}, {r(flt(c.hc_norm_eps))}, "
+                f"{r(flt(c.hc_eps))}, {r(flt(c.hc_site_norm_eps))}, {c.sinkhorn_iters}, "
+                f"{r(ctx.state(pre.id + '.mix', 'float'))}, {r(ctx.state(pre.id + '.counters', 'unsigned int'))}, "
+                f"nullptr, {r(ctx.buf(normed))}, {r(ctx.buf(ctx.output(pre, 'post'), 'float'))}, "
+                f"{r(ctx.buf(ctx.output(pre, 'comb'), 'float'))}}}")
+        assert tuple(map(r, launch.args)) == (want,)
 
 
 def test_pre_norm_needs_its_state(tiny_path):
@@ -122,3 +126,26 @@ def test_pre_norm_needs_its_state(tiny_path):
     (g, *_) = by_rule(bare, "glm_hc_pre_norm_c1_input")
     with pytest.raises(LoweringError, match="no state buffer"):
         glm_mhc.lower(LowerCtx(bare), g)
+
+
+def test_fused_boundary(tiny_path):
+    """A post-mix merged with the next pre-mix lowers to one FUSE_POST launch: the pre-mix reads the
+    post's input streams and the sublayer output, and writes the post's stream buffer."""
+    plan, ctx = planned(str(tiny_path), fuse=True)
+    bp = plan.blueprint
+    fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
+    assert fused
+    for g in fused:
+        (launch,) = glm_mhc.lower(ctx, g)
+        post = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "hc_post")
+        mix = ctx.node(g, "linear:hc_mix")
+        x = ctx.input(mix)
+        n, d = x.dim_value // ctx.output(ctx.node(g, "rms_norm")).dim_value, ctx.output(ctx.node(g, "rms_norm")).dim_value
+        assert launch.instance.kernel == f"kbp::mhc::hc_pre_norm<{n}, {d}, true, 1>"
+        assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
+        params = launch.args[0].fields
+        stream_in = next(t for t in ctx.inputs(post) if bp.node(t.src).op in ("hc_post", "hc_expand"))
+        assert params[0] == ctx.buf(stream_in, "const float")
+        assert params[4] == ctx.buf(ctx.output(post), "float") and params[4] != params[0]
+        assert points_into(params[1], buffer_name(bp, next(t for t in ctx.inputs(post)
+                                                           if bp.node(t.src).op not in ("hc_post", "hc_expand", "hc_pre"))))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families import glm_mla_decode
 from kbpc.frontend.load import load_blueprint
@@ -32,10 +33,10 @@ def test_decode_launch(tiny):
         q, cache, table, page, sel, width, seq, s_k, out = launch.args
         assert q == ctx.buf(ctx.input(node, op="linear"))
         assert sel == ctx.buf(ctx.input(node, op="index_select"), "int32_t")
-        assert width == str((sym["index_topk"] // sym["index_kpool"] + 1) * sym["index_kpool"])
+        assert width == lit((sym["index_topk"] // sym["index_kpool"] + 1) * sym["index_kpool"])
         writer = next(n for n in plan.blueprint.nodes() if n.op == "kv_write" and n.block == node.block)
         assert cache == ctx.state(f"{writer.id}.latent_cache", "uint8_t")
         assert table == ctx.state(f"{writer.id}.block_table", "int32_t")
-        assert page == str(ctx.c.latent_page_tokens) and seq == "SEQ"
+        assert page == lit(ctx.c.latent_page_tokens) and seq == StepInput("SEQ")
         assert s_k == ctx.weight_value(writer, "k_scale")
         assert out == ctx.buf(ctx.output(node))   # the group's only non-fused output

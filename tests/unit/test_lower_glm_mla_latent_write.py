@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import FloatLit, StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families import glm_mla_latent_write
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,8 @@ def test_latent_write_launch(tiny):
         assert c == ctx.buf(ctx.input(norm))
         assert gamma == ctx.weight(norm, ctype="__nv_bfloat16")
         assert table == ctx.state(f"{write.id}.block_table", "int32_t")
-        assert page == str(ctx.c.latent_page_tokens) and pos == "POS"
-        assert s_k == ctx.weight_value(write, "k_scale") and eps == "1e-05f"
+        assert page == lit(ctx.c.latent_page_tokens) and pos == StepInput("POS")
+        assert s_k == ctx.weight_value(write, "k_scale") and eps == FloatLit(1e-05)
         assert cache == ctx.state(f"{write.id}.latent_cache", "uint8_t")
         assert launch.nodes == (norm.id, write.id)
         # The normalised row is fused: no buffer; kv_write has no output edge.

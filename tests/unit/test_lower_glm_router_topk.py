@@ -5,9 +5,10 @@ import dataclasses
 
 import pytest
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import glm_router_topk
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ def test_router_launches(tiny):
         assert z == ctx.buf(ctx.input(node), "const float")
         assert bias == ctx.weight(node, "e_score_correction_bias", "float")
         assert scale == flt(ctx.c.routed_scale)
-        assert arena_ref(plan, f"{node.id}.topk_w") in w and w.startswith("((float*)")
-        assert arena_ref(plan, f"{node.id}.topk_id") in ids and ids.startswith("((int*)")
+        assert points_into(w, f"{node.id}.topk_w") and w.ctype == "float"
+        assert points_into(ids, f"{node.id}.topk_id") and ids.ctype == "int"
         assert unwritten(plan, g, [launch]) == []
 
 

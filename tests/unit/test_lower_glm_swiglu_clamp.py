@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import flt
 from kbpc.codegen.families import glm_swiglu_clamp
 from kbpc.testing.lowering import family_groups, planned, unwritten
@@ -32,7 +33,7 @@ def test_swiglu_launches(tiny):
         assert launch.nodes == (clamp.id, act.id)
         assert (launch.grid, launch.block, launch.smem) == ((-(-inter // 1024), rows, 1), (128, 1, 1), 0)
         gate = ctx.buf(gu, f"const {BF}")
-        assert launch.args == (gate, f"({gate} + {inter})", str(2 * inter), ctx.buf(y, "void"), str(inter),
-                               flt(ctx.c.swiglu_limit), "nullptr", "0")
+        assert launch.args == (gate, gate.plus(inter), lit(2 * inter), ctx.buf(y, "void"), lit(inter),
+                               flt(ctx.c.swiglu_limit), NULL, lit(0))
         assert unwritten(plan, g, [launch]) == []
     assert routed == 2

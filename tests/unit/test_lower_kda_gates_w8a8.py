@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import FloatLit, NULL, lit
 from kbpc.codegen.families import kda_gates_w8a8 as gates
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -36,18 +37,18 @@ def test_gates_launches(tiny):
         assert launch.grid == (2 * -(-(n // 16) // 4), 1, 1) and launch.block == (128, 1, 1) and launch.smem == 0
         assert launch.nodes == g.nodes
         a = launch.args
-        assert arena_ref(plan, f"{layer}.f_a.fa") in a[0] and arena_ref(plan, f"{layer}.g_a.ga") in a[1]
-        assert a[2:4] == (str(k), "1")
+        assert points_into(a[0], f"{layer}.f_a.fa") and points_into(a[1], f"{layer}.g_a.ga")
+        assert a[2:4] == (lit(k), lit(1))
         assert a[4:8] == (ctx.weight(f"{layer}.f_b"), ctx.weight(f"{layer}.f_b", "weight_scale", "float"),
                           ctx.weight(f"{layer}.g_b"), ctx.weight(f"{layer}.g_b", "weight_scale", "float"))
         assert a[8:10] == (ctx.weight(f"{layer}.gates", "A_log", "float"),
                            ctx.weight(f"{layer}.gates", "dt_bias", "float"))
-        assert a[10] == f"{c.kda_gate_lower_bound!r}f"
-        assert arena_ref(plan, f"{layer}.b.b") in a[11] and a[12] == str(h)
-        assert arena_ref(plan, f"{layer}.gates.decay") in a[13] and a[13].startswith("((float*)") and a[14] == str(n)
-        assert arena_ref(plan, f"{layer}.g_b.g") in a[15] and a[16] == str(n)
-        assert arena_ref(plan, f"{layer}.gates.beta") in a[17] and a[17].startswith("((float*)") and a[18] == str(h)
-        assert f"{layer}.f_b.f" not in buffers and a[19] == "nullptr"    # f is fused
+        assert a[10] == FloatLit(c.kda_gate_lower_bound)
+        assert points_into(a[11], f"{layer}.b.b") and a[12] == lit(h)
+        assert points_into(a[13], f"{layer}.gates.decay") and a[13].ctype == "float" and a[14] == lit(n)
+        assert points_into(a[15], f"{layer}.g_b.g") and a[16] == lit(n)
+        assert points_into(a[17], f"{layer}.gates.beta") and a[17].ctype == "float" and a[18] == lit(h)
+        assert f"{layer}.f_b.f" not in buffers and a[19] == NULL    # f is fused
         assert unwritten(plan, g, [launch]) == []
         fused = [b for b in buffers if b.startswith(f"{layer}.") and b.split(".")[2] in ("fa_quant", "ga_quant")]
         assert fused == []                                                # FP8 rows stay on chip

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import FloatLit, lit
 from kbpc.codegen.families import kda_o_norm
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -27,10 +28,10 @@ def test_o_norm_launches(tiny):
         assert launch.instance.kernel == f"kbp::kda_o_norm_gated_bf16<{h}, {d}>"
         assert launch.grid == (h, 1, 1) and launch.block == (d, 1, 1) and launch.smem == 0
         o, os_, z, zs, w, whs, eps, y, ys = launch.args
-        assert arena_ref(plan, f"{layer}.recur.core") in o and o.startswith("((float*)")
-        assert arena_ref(plan, f"{layer}.g_b.g") in z
-        assert w == ctx.weight(node_id, ctype=BF) and whs == "0"      # gamma (D,) shared by the heads
-        assert eps == f"{c.kda_norm_eps!r}f"
-        assert arena_ref(plan, f"{node_id}.gated") in y
-        assert os_ == zs == ys == str(h * d)
+        assert points_into(o, f"{layer}.recur.core") and o.ctype == "float"
+        assert points_into(z, f"{layer}.g_b.g")
+        assert w == ctx.weight(node_id, ctype=BF) and whs == lit(0)      # gamma (D,) shared by the heads
+        assert eps == FloatLit(c.kda_norm_eps)
+        assert points_into(y, f"{node_id}.gated")
+        assert os_ == zs == ys == lit(h * d)
         assert unwritten(plan, g, [launch]) == []

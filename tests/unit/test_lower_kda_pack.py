@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.families import kda_pack
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -34,6 +35,6 @@ def test_pack_launches(tiny):
         assert launch.grid == (-(-3 * n // 8 // 256), 1, 1) and launch.block == (256, 1, 1) and launch.smem == 0
         for arg, t in zip(launch.args[:3], (q, k, v)):   # q, k, v in the reference's order
             assert arg == ctx.buf(t)
-        assert launch.args[3:6] == (str(n),) * 3 and launch.args[7] == str(3 * n)
-        assert arena_ref(plan, f"{node.id}.qkv") in launch.args[6]
+        assert launch.args[3:6] == (lit(n),) * 3 and launch.args[7] == lit(3 * n)
+        assert points_into(launch.args[6], f"{node.id}.qkv")
         assert unwritten(plan, g, [launch]) == []

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.args import NULL, StatePtr, lit
 from kbpc.codegen.families import kda_recurrent as rec
 from kbpc.reference.kda_recurrent import query_scale
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -35,14 +36,13 @@ def test_recurrence_launches(tiny):
         assert launch.instance.kernel == f"kbp::kda_recurrent_decode_bf16_seq_reg<{hk}, {hv}, {dk}, {dv}, 32, 1>"
         assert launch.grid == (hv, dv // 32, 1) and launch.block == (32, 1, 1) and launch.smem == 0
         q, k, v, qs, decay, ds, beta, bs, scale, st, ss, snap, out, os_ = launch.args
-        row = arena_ref(plan, f"{layer}.l2.qkvn")
-        assert row in q and row in k and row in v
-        assert k.endswith(f" + {hk * dk})") and v.endswith(f" + {2 * hk * dk})")
-        assert qs == str(2 * hk * dk + hv * dv)
-        assert arena_ref(plan, f"{layer}.gates.decay") in decay and ds == str(hv * dk)
-        assert arena_ref(plan, f"{layer}.gates.beta") in beta and bs == str(hv)
-        assert np.float32(float(scale.removesuffix("f"))) == query_scale(dk)
-        assert st == f"((float*)S[{state.index(node_id + '.state')}])" and ss == str(hv * dk * dv)
-        assert snap == "nullptr"
-        assert arena_ref(plan, f"{node_id}.core") in out and out.startswith("((float*)") and os_ == str(hv * dv)
+        assert points_into(q, f"{layer}.l2.qkvn") and q.ctype == BF
+        assert k == q.plus(hk * dk) and v == q.plus(2 * hk * dk)
+        assert qs == lit(2 * hk * dk + hv * dv)
+        assert points_into(decay, f"{layer}.gates.decay") and ds == lit(hv * dk)
+        assert points_into(beta, f"{layer}.gates.beta") and bs == lit(hv)
+        assert np.float32(scale.value) == query_scale(dk)
+        assert st == StatePtr(state.index(node_id + '.state'), node_id + '.state', "float") and ss == lit(hv * dk * dv)
+        assert snap == NULL
+        assert points_into(out, f"{node_id}.core") and out.ctype == "float" and os_ == lit(hv * dv)
         assert unwritten(plan, g, [launch]) == []

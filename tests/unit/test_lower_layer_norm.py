@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import FloatLit, lit
 from kbpc.codegen.families import layer_norm
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 
@@ -32,8 +33,8 @@ def test_layer_norm_launches(tiny):
         assert launch.instance.kernel == f"kbp::layer_norm_bf16<{d}, {layer_norm.block_threads(d)}>"
         assert launch.grid == (1, 1, 1) and launch.block == (layer_norm.block_threads(d), 1, 1)
         x, xs, w, b, eps, y, ys = launch.args
-        assert x == ctx.buf(x_edge) and xs == ys == str(d)
+        assert x == ctx.buf(x_edge) and xs == ys == lit(d)
         assert w == ctx.weight(node_id, ctype=BF) and b == ctx.weight(node_id, "bias", BF)
-        assert eps == f"{c.layer_norm_eps!r}f"
-        assert arena_ref(plan, f"{node_id}.ikn") in y
+        assert eps == FloatLit(c.layer_norm_eps)
+        assert points_into(y, f"{node_id}.ikn")
         assert unwritten(plan, g, [launch]) == []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import flt
 from kbpc.codegen.families import w4a16_gemv
-from kbpc.testing.lowering import arena_ref, family_groups, planned, unwritten
+from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
 RULES = {"glm_w4a16_gemv_1row", "glm_w4a16_pipe_kda_six_1row", "glm_w4a16_pipe_shared_1row"}
@@ -40,7 +41,7 @@ def test_one_row(tiny):
         assert launch.instance.kernel == f"kbp::w4a16_gemv<{x.dim_value}>"
         assert launch.grid == (-(-y.dim_value // 16), 1, 1)
         assert launch.args == (ctx.weight(node), ctx.weight(node, "weight_scale"),
-                               ctx.weight_value(node, "weight_scale_2"), ctx.buf(x), ctx.buf(y), str(y.dim_value))
+                               ctx.weight_value(node, "weight_scale_2"), ctx.buf(x), ctx.buf(y), lit(y.dim_value))
 
 
 def test_segments(tiny):
@@ -56,9 +57,10 @@ def test_segments(tiny):
         table, x = launch.args
         assert x == ctx.buf(ctx.input(nodes[0]))
         for node, n in zip(nodes, ns):   # each segment: codes, scales, y, s_g, n in W4A16Seg order
-            seg = (f"kbp::W4A16Seg{{{ctx.weight(node)}, {ctx.weight(node, 'weight_scale')}, "
-                   f"{ctx.buf(ctx.output(node))}, {ctx.weight_value(node, 'weight_scale_2')}, {n}}}")
-            assert seg in table
+            seg = Aggregate("kbp::W4A16Seg", (ctx.weight(node), ctx.weight(node, "weight_scale"),
+                                              ctx.buf(ctx.output(node)), ctx.weight_value(node, "weight_scale_2"),
+                                              lit(n)))
+            assert table.ctype == f"kbp::W4A16SegList<{len(nodes)}>" and seg in table.fields[0].fields
 
 
 def test_more_segments_than_one_launch_holds(tiny, monkeypatch):
@@ -84,15 +86,15 @@ def test_shared_pair(tiny):
         assert ctx.output(gate_up).dim_value == 2 * i
         assert phase0.instance == phase1.instance   # one TU: the scratch is shared by both phases
         assert phase0.instance.kernel == f"kbp::w4a16_shared_pair<{k}, {i}>"
-        assert phase0.args[0] == "0" and phase1.args[0] == "1" and phase0.args[1:] == phase1.args[1:]
+        assert phase0.args[0] == lit(0) and phase1.args[0] == lit(1) and phase0.args[1:] == phase1.args[1:]
         assert phase0.grid == (-(-2 * i // 16), 1, 1) and phase1.grid == (-(-n // 16), 1, 1)
         assert phase0.args[1:5] == (ctx.weight(gate_up), ctx.weight(gate_up, "weight_scale"),
                                     ctx.weight_value(gate_up, "weight_scale_2"), ctx.buf(ctx.input(gate_up)))
         assert phase0.args[5:8] == (ctx.weight(down), ctx.weight(down, "weight_scale"),
                                     ctx.weight_value(down, "weight_scale_2"))
         assert phase0.args[8] == flt(plan.blueprint.config.constants.swiglu_limit)
-        assert arena_ref(plan, f"{down.id}.{ctx.output(down).id.rsplit('.', 1)[-1]}") in phase0.args[9]
-        assert phase0.args[10] == str(n)
+        assert points_into(phase0.args[9], f"{down.id}.{ctx.output(down).id.rsplit('.', 1)[-1]}")
+        assert phase0.args[10] == lit(n)
 
 
 def test_seed_projection_families(seed_path):

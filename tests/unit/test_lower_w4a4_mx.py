@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.families import w4a4_mx
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
@@ -36,6 +37,6 @@ def test_launches(tiny):
             assert launch.grid == (n // 16, 1, 1)
             assert launch.args == (a.codes, a.scales, a.globals, ctx.weight(node),
                                    ctx.weight(node, "weight_scale"), ctx.weight_value(node, "weight_scale_2"),
-                                   ctx.buf(y), str(n))
+                                   ctx.buf(y), lit(n))
             assert launch.instance.params[5] == "float"   # s_g is a host value
         assert unwritten(plan, g, [launch]) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.families import w4a4_mx_static
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
@@ -35,12 +36,12 @@ def test_fused_slot_launches(tiny):
         assert launch.instance.kernel == f"kbp::w4a4_gemv_moe_slots_bf16<{k}>"
         assert launch.grid == (n // 16, top_k, 1) and launch.block == (256, 1, 1)
         gate_up = expert.op == "expert_gate_up"
-        assert launch.args[1] == str(top_k if gate_up else 1)   # shared row vs one row per slot
+        assert launch.args[1] == lit(top_k if gate_up else 1)   # shared row vs one row per slot
         assert ctx.rows(x) == (1 if gate_up else top_k)
         assert launch.args == (ctx.buf(ids, "const int"), launch.args[1], ctx.buf(x),
                                ctx.weight_value(expert, "input_scale"), ctx.weight(expert),
                                ctx.weight(expert, "weight_scale"), ctx.weight(expert, "weight_scale_2", "float"),
-                               ctx.buf(y), str(n))
+                               ctx.buf(y), lit(n))
         assert launch.instance.params[3] == "float" and launch.instance.params[6] == "const float*"
         assert set(launch.nodes) == set(g.nodes)
         assert unwritten(plan, g, [launch]) == []

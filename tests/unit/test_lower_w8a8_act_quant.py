@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.families import w8a8_act_quant
 from kbpc.testing.lowering import family_groups, planned, unwritten
 

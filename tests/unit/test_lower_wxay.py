@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.families import wxay
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
@@ -31,14 +32,14 @@ def test_launches(tiny):
             node, y = nodes[0], ctx.output(nodes[0])
             assert launch.instance.kernel == f"kbp::wxay_rowscale<{k}>"
             assert launch.args == (a.codes, a.scales, ctx.weight(node), ctx.weight(node, "weight_scale", "float"),
-                                   ctx.buf(y), str(y.dim_value))
+                                   ctx.buf(y), lit(y.dim_value))
         else:
             assert g.rule == "glm_w8a8_dsa_proj_in_split4"
             assert launch.instance.kernel == f"kbp::wxay_rowscale_split_list<{k}, {len(nodes)}>"
             assert launch.instance.params == (f"kbp::WxaySegList<{len(nodes)}>", "const uint8_t*", "const float*")
             assert launch.args[1:] == (a.codes, a.scales)
             for node, n in zip(nodes, ns):
-                seg = (f"kbp::WxaySeg{{{ctx.weight(node)}, {ctx.weight(node, 'weight_scale', 'float')}, "
-                       f"{ctx.buf(ctx.output(node))}, {n}, 0}}")
-                assert seg in launch.args[0]
+                seg = Aggregate("kbp::WxaySeg", (ctx.weight(node), ctx.weight(node, "weight_scale", "float"),
+                                                 ctx.buf(ctx.output(node)), lit(n), lit(0)))
+                assert seg in launch.args[0].fields[0].fields
         assert unwritten(plan, g, launches) == []

@@ -26,13 +26,14 @@ def tiny_bp(tiny_path):
 
 
 def test_pipeline_table_order():
-    assert [name for name, _ in PIPELINE] == ["validate", "check_fusion", "lower_precision",
+    assert [name for name, _ in PIPELINE] == ["validate", "check_fusion", "lower_precision", "fuse_groups",
                                               "split_tensor_parallel", "schedule_streams", "plan_memory"]
 
 
 def test_seed_plan(seed_plan):
-    assert len(seed_plan.groups) == 909
-    assert len(seed_plan.schedule) == 908          # every device group + the embed copy; argmax is host
+    merged = sum(len(f.groups) - 1 for f in seed_plan.fusions if f.applied)
+    assert merged > 0 and len(seed_plan.groups) == 909 - merged
+    assert len(seed_plan.schedule) == 908 - merged   # every device group + the embed copy; argmax is host
     assert seed_plan.streams > 1
     assert seed_plan.critical_path_us < seed_plan.serial_us
     assert 0 < seed_plan.arena_bytes < sum(b.nbytes for b in seed_plan.buffers)

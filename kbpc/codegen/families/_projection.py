@@ -6,7 +6,7 @@ from __future__ import annotations
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
 
 BF16 = "__nv_bfloat16"
 BLOCK = (256, 1, 1)     # every projection kernel runs 256-thread CTAs

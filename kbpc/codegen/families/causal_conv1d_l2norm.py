@@ -4,6 +4,7 @@ and l2_norm nodes are that one launch; the conv's FP32 output stays on chip and 
 output is the group's only activation buffer. The window state advances in place."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -41,8 +42,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         "causal_conv1d_l2norm", "causal_conv1d_l2norm.cuh",
         f"kbp::causal_conv1d_update_l2norm<{c}, {c_qk}, {d_k}, {w}, {threads}, {BF}>",
         (f"const {BF}*", "int", "float*", "long", f"const {BF}*", f"const {BF}*", "float", f"{BF}*", "int"))
-    args = (ctx.buf(x), str(c), ctx.state(f"{conv.id}.window", "float"), str(c * w),
+    args = (ctx.buf(x), lit(c), ctx.state(f"{conv.id}.window", "float"), lit(c * w),
             ctx.weight(conv, "conv_weight", BF), ctx.weight(conv, "conv_bias", BF),
-            flt(ctx.c.l2_norm_eps), ctx.buf(y), str(c))
+            flt(ctx.c.l2_norm_eps), ctx.buf(y), lit(c))
     return [Launch(inst, grid=(-(-c // threads), 1, 1), block=(threads, 1, 1), smem=0, args=args,
                    group=group.id, nodes=tuple(group.nodes))]

@@ -2,6 +2,7 @@
 MoE router, the DSA indexer projections."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -16,6 +17,6 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         inst = KernelInstance("dense_bf16", "dense_bf16.cuh", f"kbp::dense_gemv_bf16<{k}, {out}>",
                               ("const __nv_bfloat16*", "const __nv_bfloat16*", f"{out}*", "int"))
         launches.append(Launch(inst, grid=(-(-n // 4), 1, 1), block=(256, 1, 1), smem=0,
-                               args=(ctx.weight(node, ctype="__nv_bfloat16"), ctx.buf(x), ctx.buf(y, out), str(n)),
+                               args=(ctx.weight(node, ctype="__nv_bfloat16"), ctx.buf(x), ctx.buf(y, out), lit(n)),
                                group=group.id, nodes=(node.id,)))
     return launches

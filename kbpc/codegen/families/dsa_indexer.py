@@ -14,11 +14,12 @@ context) and `<select>.sel_pools` (i32, one per selected pool), which plan_memor
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, one_row, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
-from kbpc.passes.plan_memory import buffer_elements
+from kbpc.ir.buffers import buffer_elements
 
 BF = "__nv_bfloat16"
 SCORE_THREADS = 128      # dsa_index_scores: 4 warps, 32 pools per warp step
@@ -57,8 +58,8 @@ def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
         raise LoweringError(f"tail rows {rows} are not whole pools of {kp}", f"node {node.id}")
     inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}>", STORE_PARAMS)
     args = (ctx.buf(key), ctx.buf(gate), ctx.weight(node, "slot_bias", ctype="float"),
-            ctx.state(f"{node.id}.tail_keys", BF), ctx.state(f"{node.id}.tail_gates", BF), str(rows),
-            ctx.state(f"{node.id}.pool_keys", "float"), "POS")
+            ctx.state(f"{node.id}.tail_keys", BF), ctx.state(f"{node.id}.tail_gates", BF), lit(rows),
+            ctx.state(f"{node.id}.pool_keys", "float"), StepInput("POS"))
     return Launch(inst, grid=(1, 1, 1), block=(d, 1, 1), smem=0, args=args, group=group.id, nodes=(node.id,))
 
 
@@ -87,11 +88,11 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> list[Launch]:
     blocks = max(1, -(-capacity // SCORE_THREADS))
     return [
         Launch(score_inst, grid=(blocks, 1, 1), block=(SCORE_THREADS, 1, 1), smem=0,
-               args=(ctx.buf(q, "float"), ctx.buf(raw_w, "float"), pool_keys, "SEQ", "POS",
+               args=(ctx.buf(q, "float"), ctx.buf(raw_w, "float"), pool_keys, StepInput("SEQ"), StepInput("POS"),
                      ctx.state(scores, "float")),
                group=group.id, nodes=(node.id,), note="scores"),
         Launch(topk_inst, grid=(1, 1, 1), block=(TOPK_THREADS, 1, 1), smem=0,
-               args=(ctx.state(scores, "float"), "SEQ", "POS", ctx.state(sel_pools, "int32_t"),
+               args=(ctx.state(scores, "float"), StepInput("SEQ"), StepInput("POS"), ctx.state(sel_pools, "int32_t"),
                      ctx.buf(sel, "int32_t")),
                group=group.id, nodes=(node.id,), note="top-k + expansion"),
     ]

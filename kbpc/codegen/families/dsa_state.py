@@ -3,7 +3,7 @@ node reads belong to the writer node of the same attention block, as in kbpc.ref
 from __future__ import annotations
 
 from kbpc.codegen.context import LowerCtx, LoweringError
-from kbpc.ir.plan import StateBuffer
+from kbpc.ir.state import StateBuffer
 from kbpc.ir.records import Node
 
 

@@ -6,6 +6,7 @@ An id outside [0, vocab) writes a zero row; the kernel then sets the `<embed>.er
 (one int32) when the plan has it, else the error goes unflagged (nullptr)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import require
 from kbpc.codegen.families._rows import row_grid, vec_width
@@ -28,9 +29,9 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     require(h.format == "bf16", f"embedding output {h.id} is {h.format}", node)
     rows = ctx.rows(h)
     flag = f"{node.id}.error_flag"
-    error = ctx.state(flag, "int") if any(s.name == flag for s in ctx.plan.state) else "nullptr"
+    error = ctx.state(flag, "int") if any(s.name == flag for s in ctx.plan.state) else NULL
     vec = vec_width(d, VEC)
     inst = KernelInstance("embed_copy", HEADER, f"kbp::embed_copy<{d}, {vec}>", PARAMS)
-    args = ("TOKEN", ctx.weight(node, ctype="uint16_t"), str(table.shape[0]), ctx.buf(h, "uint16_t"), error)
+    args = (StepInput("TOKEN"), ctx.weight(node, ctype="uint16_t"), lit(table.shape[0]), ctx.buf(h, "uint16_t"), error)
     return [Launch(inst, grid=row_grid(d, THREADS, vec, rows), block=(THREADS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=(node.id,))]

@@ -1,5 +1,9 @@
 """glm_mhc: the hyper-connection groups (kernels/glm_mhc.cuh), one launch each.
 
+- hc boundary (a group the fusion pass merged: hc_post + linear:hc_mix + hc_pre + rms_norm):
+  hc_pre_norm with FUSE_POST: the previous site's post-mix is computed in the pre-mix kernel, which
+  writes the new streams (the post node's buffer, read by the next post-mix) and mixes from them.
+
 - glm_hc_expand (hc_expand): hc_expand widens the BF16 embedding row into the N FP32 streams.
 - glm_hc_pre_norm_c1_input / _c1_post (linear:hc_mix + hc_pre + rms_norm): hc_pre_norm without the
   fused post-mix (the streams come from a separate glm_hc_post group): mix GEMV, gates, Sinkhorn,
@@ -15,6 +19,7 @@
 N (n_hc) and D (hidden) come from the edges: a stream row is N*D wide, a BF16 row D."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, Aggregate, Arg, StatePtr, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
@@ -22,7 +27,8 @@ from kbpc.codegen.families.dsa_state import state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
-from kbpc.passes.plan_memory import buffer_name
+from kbpc.ir.buffers import buffer_name
+from kbpc.ir.state import StateBuffer, hc_pre_state
 
 HEADER = "glm_mhc.cuh"
 ROW_THREADS = 32       # expand / post / head: D / 128 small CTAs spread a few KB over many SMs
@@ -35,7 +41,10 @@ RANKS = 1              # tensor parallelism is not implemented: one partial subl
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     nodes = ctx.nodes(group)
     if any(n.op == "hc_pre" for n in nodes):
-        return [_pre_norm(ctx, group)]
+        posts = [n for n in nodes if n.op == "hc_post"]
+        require(len(posts) <= 1 and len(nodes) == 3 + len(posts),
+                f"glm_mhc has no kernel for the nodes {[n.op for n in nodes]}", group)
+        return [_pre_norm(ctx, group, posts[0] if posts else None)]
     require(len(nodes) == 1, f"glm_mhc has no kernel for the nodes {[n.op for n in nodes]}", group)
     node = nodes[0]
     if node.op == "hc_expand":
@@ -70,7 +79,8 @@ def _expand(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
                        (f"const {BF16}*", "float*"), (ctx.buf(h, f"const {BF16}"), ctx.buf(x, "float")), d, rows)
 
 
-def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
+def _post_operands(ctx: LowerCtx, node: Node) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(streams in, sublayer output u, post gates, comb matrix, streams out) of an hc_post node."""
     streams, _ = split_inputs(ctx, node, *STREAM_OPS)
     gates, branch = split_inputs(ctx, node, "hc_pre")
     branch = [t for t in branch if t not in streams]
@@ -85,11 +95,22 @@ def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     require(buffer_name(ctx.bp, x) != buffer_name(ctx.bp, y), "the post-mix writes a new stream buffer", node)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (u, post, comb, y)), f"row counts disagree ({rows} streams)", node)
+    return x, u, post, comb, y
+
+
+def _parts(ctx: LowerCtx, u: Tensor) -> Aggregate:
+    """The rank partial outputs (one rank: the sublayer output as is)."""
+    return Aggregate(f"kbp::mhc::RankParts<{RANKS}>", (Aggregate(None, (ctx.buf(u, f"const {BF16}"),)),))
+
+
+def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
+    x, u, post, comb, y = _post_operands(ctx, node)
+    n, d = streams_of(x, u, node)
+    rows = ctx.rows(x)
     parts = f"kbp::mhc::RankParts<{RANKS}>"
     return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {RANKS}, {vec_width(d, ROW_VEC)}>",
                        ("const float*", parts, "const float*", "const float*", "float*"),
-                       (ctx.buf(x, "const float"), f"{parts}{{{{{ctx.buf(u, f'const {BF16}')}}}}}",
-                        ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
+                       (ctx.buf(x, "const float"), _parts(ctx, u), ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
 
 
 def _head(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
@@ -101,18 +122,24 @@ def _head(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
                        ("const float*", f"{BF16}*"), (ctx.buf(x, "const float"), ctx.buf(y)), d, rows)
 
 
-def _state(ctx: LowerCtx, name: str, nbytes: int, ctype: str, node: Node) -> str:
-    buf = state_buffer(ctx, name)
-    require(buf.nbytes >= nbytes, f"state {name} holds {buf.nbytes} bytes, the pre-mix needs {nbytes}", node)
-    return ctx.state(name, ctype)
+def _state(ctx: LowerCtx, want: StateBuffer, ctype: str, node: Node) -> StatePtr:
+    buf = state_buffer(ctx, want.name)
+    require(buf.nbytes >= want.nbytes, f"state {want.name} holds {buf.nbytes} bytes, the pre-mix needs "
+            f"{want.nbytes}", node)
+    return ctx.state(want.name, ctype)
 
 
-def pre_state(pre: Node, rows: int, mix_width: int) -> dict[str, tuple[int, str]]:
-    """The state buffers the pre-mix of hc_pre node `pre` uses: name -> (bytes, storage)."""
-    return {f"{pre.id}.counters": (rows * 4, "i32"), f"{pre.id}.mix": (rows * mix_width * 4, "f32")}
+def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[Arg, ...]:
+    """PreParams' x, parts, post_in, comb_in, x_out for a pre-mix that runs the previous post-mix."""
+    px, u, post, comb, y = _post_operands(ctx, post_node)
+    require(x.src == post_node.order, "the fused post-mix must produce the streams the pre-mix reads", post_node)
+    require(materialized(ctx, y), f"the post-mix output {y.id} must have a buffer (the next post-mix reads it)",
+            post_node)
+    return (ctx.buf(px, "const float"), _parts(ctx, u), ctx.buf(post, "const float"),
+            ctx.buf(comb, "const float"), ctx.buf(y, "float"))
 
 
-def _pre_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
+def _pre_norm(ctx: LowerCtx, group: LoweredGroup, post_node: Node | None) -> Launch:
     mix, pre, norm = ctx.node(group, "linear:hc_mix"), ctx.node(group, "hc_pre"), ctx.node(group, "rms_norm")
     x, mu = ctx.input(mix), ctx.output(mix)
     streams, _ = split_inputs(ctx, pre, *STREAM_OPS)
@@ -129,20 +156,21 @@ def _pre_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
     require(iters >= 1, f"Sinkhorn needs at least one iteration, got {iters}", pre)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (post, comb, normed)), f"row counts disagree ({rows} streams)", pre)
-    state = pre_state(pre, rows, width)
-    mix_name, counters_name = f"{pre.id}.mix", f"{pre.id}.counters"
-    mu_ptr = (ctx.buf(mu, "float") if materialized(ctx, mu)
-              else _state(ctx, mix_name, state[mix_name][0], "float", pre))
-    counters = _state(ctx, counters_name, state[counters_name][0], "unsigned int", pre)
-    collapsed = ctx.buf(u) if materialized(ctx, u) else "nullptr"
+    counters_state, mix_state = hc_pre_state(pre, rows, width)
+    mu_ptr = ctx.buf(mu, "float") if materialized(ctx, mu) else _state(ctx, mix_state, "float", pre)
+    counters = _state(ctx, counters_state, "unsigned int", pre)
+    collapsed = ctx.buf(u) if materialized(ctx, u) else NULL
     params = f"kbp::mhc::PreParams<{n}, {RANKS}>"
-    # Field order of PreParams: x, parts, post_in, comb_in, x_out (the fused post-mix: unused here),
+    # Field order of PreParams: x, parts, post_in, comb_in, x_out (the fused post-mix, else unused),
     # phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb.
-    fields = (ctx.buf(x, "const float"), "{{nullptr}}", "nullptr", "nullptr", "nullptr",
-              ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
+    head = (_fused_post(ctx, post_node, x) if post_node is not None else
+            (ctx.buf(x, "const float"), Aggregate(None, (Aggregate(None, (NULL,)),)), NULL, NULL, NULL))
+    fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF16), flt(ctx.c.hc_norm_eps), flt(ctx.c.hc_eps), flt(ctx.c.hc_site_norm_eps),
-              str(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
+              lit(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
               ctx.buf(comb, "float"))
-    inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, false, {RANKS}>", (params,))
+    fuse = "true" if post_node is not None else "false"
+    inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, {fuse}, {RANKS}>", (params,))
+    nodes = ((post_node.id,) if post_node is not None else ()) + (mix.id, pre.id, norm.id)
     return Launch(inst, grid=(width, rows, 1), block=(PRE_THREADS, 1, 1), smem=0,
-                  args=(f"{params}{{{', '.join(fields)}}}",), group=group.id, nodes=(mix.id, pre.id, norm.id))
+                  args=(Aggregate(params, fields),), group=group.id, nodes=nodes)

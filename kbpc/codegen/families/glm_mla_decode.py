@@ -3,11 +3,12 @@ the paged FP8 latent cache that the block's kv_write fills, at the token ids the
 One CTA of WARPS warps per (head, row)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
-from kbpc.passes.plan_memory import buffer_elements
+from kbpc.ir.buffers import buffer_elements
 
 WARPS = 16   # the family's CTA: 16 warps split the selection list
 GATHER = 4   # selected tokens gathered per warp step
@@ -28,7 +29,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     inst = KernelInstance("glm_mla_decode", "glm_mla_decode.cuh", f"kbp::glm_mla_decode_fp8<{e}, {WARPS}, {GATHER}>",
                           PARAMS)
     args = (ctx.buf(q), ctx.state(f"{writer.id}.latent_cache", "uint8_t"),
-            ctx.state(f"{writer.id}.block_table", "int32_t"), str(ctx.c.latent_page_tokens),
-            ctx.buf(sel, "int32_t"), str(width), "SEQ", ctx.weight_value(writer, "k_scale"), ctx.buf(out))
+            ctx.state(f"{writer.id}.block_table", "int32_t"), lit(ctx.c.latent_page_tokens),
+            ctx.buf(sel, "int32_t"), lit(width), StepInput("SEQ"), ctx.weight_value(writer, "k_scale"), ctx.buf(out))
     return [Launch(inst, grid=(heads, rows, 1), block=(32 * WARPS, 1, 1), smem=0, args=args, group=group.id,
                    nodes=(node.id,))]

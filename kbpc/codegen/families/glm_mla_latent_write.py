@@ -4,6 +4,7 @@ token's slot, looked up on the device from POS through the `<kv_write>.block_tab
 normalised row (kv_norm's output edge) stays on chip."""
 from __future__ import annotations
 
+from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families.dsa_state import state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
@@ -24,8 +25,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     page = ctx.c.latent_page_tokens
     inst = KernelInstance("glm_mla_latent_write", "glm_mla_latent_write.cuh",
                           f"kbp::glm_mla_latent_write_fp8_paged<{e}>", PARAMS)
-    args = (ctx.buf(x), ctx.weight(norm, ctype=BF), ctx.state(f"{write.id}.block_table", "int32_t"), str(page),
-            "POS", ctx.weight_value(write, "k_scale"), flt(ctx.c.rms_eps),
+    args = (ctx.buf(x), ctx.weight(norm, ctype=BF), ctx.state(f"{write.id}.block_table", "int32_t"), lit(page),
+            StepInput("POS"), ctx.weight_value(write, "k_scale"), flt(ctx.c.rms_eps),
             ctx.state(f"{write.id}.latent_cache", "uint8_t"))
     return [Launch(inst, grid=(ctx.rows(x), 1, 1), block=(e, 1, 1), smem=0, args=args, group=group.id,
                    nodes=(norm.id, write.id))]

@@ -7,6 +7,7 @@ weights, not the ids): an unfilled slot has weight 0 and a +0 expert row, which 
 are not an input edge of the blend either, so their buffer may already be reused here."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
@@ -35,7 +36,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
             f"{ctx.rows(e)} routed rows for {rows} tokens x {k} slots", node)
     vec = vec_width(d, VEC)
     inst = KernelInstance("glm_moe_combine", HEADER, f"kbp::moe_combine<{d}, {k}, {vec}>", PARAMS)
-    args = (ctx.buf(w, "const float"), "nullptr", "nullptr", ctx.buf(e, f"const {BF16}"),
+    args = (ctx.buf(w, "const float"), NULL, NULL, ctx.buf(e, f"const {BF16}"),
             ctx.buf(sh, f"const {BF16}"), ctx.buf(y))
     return [Launch(inst, grid=row_grid(d, THREADS, vec, rows), block=(THREADS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=(node.id,))]

@@ -4,6 +4,7 @@ stays on chip, the BF16 silu(ghat) * uhat row crosses the group boundary. The ga
 [gate (INTER) | up (INTER)]; for routed experts a row is a top_k slot (rows = tokens x top_k)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.families._projection import require
 from kbpc.codegen.families._rows import BF16, row_grid, vec_width
@@ -31,7 +32,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     inst = KernelInstance("glm_swiglu_clamp", HEADER, f"kbp::swiglu_clamp<{inter}, {vec}, {OUT_BF16}, false>",
                           PARAMS)
     gate = ctx.buf(gu, f"const {BF16}")
-    args = (gate, f"({gate} + {inter})", str(2 * inter), ctx.buf(y, "void"), str(inter),
-            flt(ctx.c.swiglu_limit), "nullptr", "0")
+    args = (gate, gate.plus(inter), lit(2 * inter), ctx.buf(y, "void"), lit(inter),
+            flt(ctx.c.swiglu_limit), NULL, lit(0))
     return [Launch(inst, grid=row_grid(inter, THREADS, vec, rows), block=(THREADS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=(clamp.id, act.id))]

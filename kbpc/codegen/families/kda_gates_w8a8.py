@@ -3,6 +3,7 @@ fa_quant -> f_b -> gates (decay, beta) and ga_quant -> g_b nodes are one kernel:
 rows and f stay on chip; decay (FP32), beta (FP32) and the output gate g (BF16) are written."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -33,7 +34,7 @@ def _optional_buf(ctx: LowerCtx, t: Tensor, ctype: str) -> str:
     try:
         return ctx.buf(t, ctype)
     except LoweringError:
-        return "nullptr"
+        return NULL
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -62,12 +63,12 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         (f"const {BF}*", f"const {BF}*", "int", "int", "const uint8_t*", "const float*", "const uint8_t*",
          "const float*", "const float*", "const float*", "float", f"const {BF}*", "int", "float*", "int",
          f"{BF}*", "int", "float*", "int", f"{BF}*", "int"))
-    args = (ctx.buf(xf), ctx.buf(xg), str(k), str(m),
+    args = (ctx.buf(xf), ctx.buf(xg), lit(k), lit(m),
             ctx.weight(f_b), ctx.weight(f_b, "weight_scale", "float"),
             ctx.weight(g_b), ctx.weight(g_b, "weight_scale", "float"),
             ctx.weight(gates, "A_log", "float"), ctx.weight(gates, "dt_bias", "float"),
-            flt(ctx.c.kda_gate_lower_bound), ctx.buf(b), str(h),
-            ctx.buf(decay, "float"), str(n), ctx.buf(og), str(n), ctx.buf(beta, "float"), str(h),
-            _optional_buf(ctx, f_edge, BF), str(n))
+            flt(ctx.c.kda_gate_lower_bound), ctx.buf(b), lit(h),
+            ctx.buf(decay, "float"), lit(n), ctx.buf(og), lit(n), ctx.buf(beta, "float"), lit(h),
+            _optional_buf(ctx, f_edge, BF), lit(n))
     return [Launch(inst, grid=(2 * gate_blocks(n), 1, 1), block=(32 * WARPS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=tuple(group.nodes))]

@@ -2,6 +2,7 @@
 (kernels/kda_o_norm.cuh). gamma is (D,) shared by every head."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -22,8 +23,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         inst = KernelInstance("kda_o_norm", "kda_o_norm.cuh", f"kbp::kda_o_norm_gated_bf16<{width // d}, {d}>",
                               ("const float*", "int", f"const {BF}*", "int", f"const {BF}*", "int", "float",
                                f"{BF}*", "int"))
-        args = (ctx.buf(o, "float"), str(width), ctx.buf(gate), str(width), ctx.weight(node, ctype=BF), "0",
-                flt(ctx.c.kda_norm_eps), ctx.buf(y), str(width))
+        args = (ctx.buf(o, "float"), lit(width), ctx.buf(gate), lit(width), ctx.weight(node, ctype=BF), lit(0),
+                flt(ctx.c.kda_norm_eps), ctx.buf(y), lit(width))
         launches.append(Launch(inst, grid=(width // d, rows, 1), block=(d, 1, 1), smem=0, args=args,
                                group=group.id, nodes=(node.id,)))
     return launches

@@ -2,6 +2,7 @@
 one [q | k | v] row (the layout the conv reads)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -36,7 +37,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         inst = KernelInstance("kda_pack", "kda_pack.cuh", f"kbp::kda_pack_qkv_bf16<{nq}, {nk}, {nv}, {THREADS}>",
                               (f"const {BF}*", f"const {BF}*", f"const {BF}*", "int", "int", "int", f"{BF}*", "int"))
         launches.append(Launch(inst, grid=(pack_blocks(nq, nk, nv), rows, 1), block=(THREADS, 1, 1), smem=0,
-                               args=(*(ctx.buf(t) for t in ins), str(nq), str(nk), str(nv),
-                                     ctx.buf(out), str(nq + nk + nv)),
+                               args=(*(ctx.buf(t) for t in ins), lit(nq), lit(nk), lit(nv),
+                                     ctx.buf(out), lit(nq + nk + nv)),
                                group=group.id, nodes=(node.id,)))
     return launches

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -40,10 +41,10 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
             (f"const {BF}*", f"const {BF}*", f"const {BF}*", "int", "const float*", "int", "const float*", "int",
              "float", "float*", "long", "float*", "float*", "int"))
         row = ctx.buf(qkv)
-        args = (row, f"({row} + {n_qk})", f"({row} + {2 * n_qk})", str(qkv.dim_value),
-                ctx.buf(decay, "float"), str(hv * dk), ctx.buf(beta, "float"), str(hv), flt(query_scale(dk)),
-                ctx.state(f"{node.id}.state", "float"), str(hv * dk * dv), "nullptr",
-                ctx.buf(out, "float"), str(hv * dv))
+        args = (row, row.plus(n_qk), row.plus(2 * n_qk), lit(qkv.dim_value),
+                ctx.buf(decay, "float"), lit(hv * dk), ctx.buf(beta, "float"), lit(hv), flt(query_scale(dk)),
+                ctx.state(f"{node.id}.state", "float"), lit(hv * dk * dv), NULL,
+                ctx.buf(out, "float"), lit(hv * dv))
         launches.append(Launch(inst, grid=(hv, dv // COLS, 1), block=(COLS, 1, 1), smem=0, args=args,
                                group=group.id, nodes=(node.id,)))
     return launches

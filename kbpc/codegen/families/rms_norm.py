@@ -2,6 +2,7 @@
 norm::rms_norm (1 + weight), as the blueprint's kernel names say."""
 from __future__ import annotations
 
+from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -22,7 +23,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
                               (f"{bf}*", "long", "long", f"const {bf}*", "long", f"{bf}*", "long",
                                f"const {bf}*", "float", f"{bf}*", "long", "long"))
         launches.append(Launch(inst, grid=(1, 1, 1), block=(threads, 1, 1), smem=0,
-                               args=(ctx.buf(x), str(d), "0", "nullptr", "0", "nullptr", "0",
-                                     ctx.weight(node, ctype=bf), flt(ctx.c.rms_eps), ctx.buf(y), str(d), "0"),
+                               args=(ctx.buf(x), lit(d), lit(0), NULL, lit(0), NULL, lit(0),
+                                     ctx.weight(node, ctype=bf), flt(ctx.c.rms_eps), ctx.buf(y), lit(d), lit(0)),
                                group=group.id, nodes=(node.id,)))
     return launches

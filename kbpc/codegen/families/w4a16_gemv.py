@@ -13,6 +13,7 @@ Group forms, told apart by the group's nodes (not by rule names):
   clamp_gate_up then w4a16_gemv_silu_input)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, require
 from kbpc.codegen.records import KernelInstance, Launch
@@ -48,7 +49,7 @@ def _gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     one_row(ctx, x, node)
     inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_gemv<{k}>", (*W4, f"const {BF16}*", f"{BF16}*", "int"))
     return Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0,
-                  args=(*nvfp4_weight(ctx, node), ctx.buf(x), ctx.buf(y), str(n)),
+                  args=(*nvfp4_weight(ctx, node), ctx.buf(x), ctx.buf(y), lit(n)),
                   group=group.id, nodes=(node.id,))
 
 
@@ -65,13 +66,13 @@ def _segments(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[Lau
         for node in part:
             codes, scales, sg = nvfp4_weight(ctx, node)
             y = ctx.output(node)
-            segs.append(f"kbp::W4A16Seg{{{codes}, {scales}, {ctx.buf(y)}, {sg}, {y.dim_value}}}")
+            segs.append(Aggregate("kbp::W4A16Seg", (codes, scales, ctx.buf(y), sg, lit(y.dim_value))))
         table = f"kbp::W4A16SegList<{len(part)}>"
         inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_gemv_seg_list<{k}, {len(part)}>",
                               (table, f"const {BF16}*"))
         grid = sum(ctas(ctx.output(n).dim_value) for n in part)
         launches.append(Launch(inst, grid=(grid, 1, 1), block=BLOCK, smem=0,
-                               args=(f"{table}{{{{{', '.join(segs)}}}}}", ctx.buf(x)),
+                               args=(Aggregate(table, (Aggregate(None, tuple(segs)),)), ctx.buf(x)),
                                group=group.id, nodes=tuple(n.id for n in part)))
     return launches
 
@@ -90,9 +91,9 @@ def _shared_pair(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[
     inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_shared_pair<{k}, {i}>",
                           ("int", *W4, f"const {BF16}*", *W4, "float", f"{BF16}*", "int"))
     args = (*nvfp4_weight(ctx, gate_up), ctx.buf(x), *nvfp4_weight(ctx, down),
-            flt(ctx.c.swiglu_limit), ctx.buf(y), str(n))
+            flt(ctx.c.swiglu_limit), ctx.buf(y), lit(n))
     nodes = tuple(nd.id for nd in ctx.nodes(group))
-    return [Launch(inst, grid=(ctas(2 * i), 1, 1), block=BLOCK, smem=0, args=("0", *args), group=group.id,
+    return [Launch(inst, grid=(ctas(2 * i), 1, 1), block=BLOCK, smem=0, args=(lit(0), *args), group=group.id,
                    nodes=nodes, note="phase 0: gate_up GEMV into the TU's [g | u] scratch"),
-            Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0, args=("1", *args), group=group.id,
+            Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0, args=(lit(1), *args), group=group.id,
                    nodes=nodes, note="phase 1: clamp, silu(g^) * u^ in FP32, down GEMV")]

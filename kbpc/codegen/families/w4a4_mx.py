@@ -5,6 +5,7 @@ An act_quant node writes the planar nvfp4/g16 buffer (codes, E4M3 scales, one gl
 row) that a later linear's w4a4_gemv reads; each node is its own launch."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import (BF16, BLOCK, materialized, nvfp4_weight, one_row,
                                                 require)
@@ -55,5 +56,5 @@ def gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
                           ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
                            "const uint8_t*", "float", f"{BF16}*", "int"))
     return Launch(inst, grid=(n // 16, 1, 1), block=BLOCK, smem=0,
-                  args=(a.codes, a.scales, a.globals, *nvfp4_weight(ctx, node), ctx.buf(y), str(n)),
+                  args=(a.codes, a.scales, a.globals, *nvfp4_weight(ctx, node), ctx.buf(y), lit(n)),
                   group=group.id, nodes=(node.id,))

@@ -12,6 +12,7 @@ w4a4_gemv_moe_slots_bf16 quantizes inside each CTA (same bytes as the two-kernel
 materialized quantized buffer is written by w4a4_quant_rows_static and read by w4a4_gemv_moe_slots."""
 from __future__ import annotations
 
+from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import BF16, BLOCK, materialized, require
 from kbpc.codegen.records import KernelInstance, Launch
@@ -77,7 +78,7 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
         q = ctx.quant(a)
         inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
                               ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
-        args = (ids_ptr, str(div), q.codes, q.scales, q.globals, *weights, ctx.buf(y), str(n))
+        args = (ids_ptr, lit(div), q.codes, q.scales, q.globals, *weights, ctx.buf(y), lit(n))
         nodes: tuple[str, ...] = (node.id,)
     else:   # fused act_quant: quantize the BF16 row inside each CTA
         quant = ctx.bp.node(a.src)
@@ -88,7 +89,7 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
         slots, div = _slot_shape(ctx, node, ids, ctx.rows(x))
         inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots_bf16<{k}>",
                               ("const int*", "int", f"const {BF16}*", "float", *W_PARAMS))
-        args = (ids_ptr, str(div), ctx.buf(x), _gamma(ctx, quant), *weights, ctx.buf(y), str(n))
+        args = (ids_ptr, lit(div), ctx.buf(x), _gamma(ctx, quant), *weights, ctx.buf(y), lit(n))
         nodes = (quant.id, node.id)
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
     return Launch(inst, grid=(n // 16, slots, 1), block=BLOCK, smem=0, args=args, group=group.id, nodes=nodes)

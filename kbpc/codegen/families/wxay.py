@@ -5,6 +5,7 @@ __grid_constant__ kernel parameter, up to WXAY_MAX_SEGS per launch). The activat
 fp8/token buffer of w8a8_act_quant_row (codes, then one FP32 scale per row)."""
 from __future__ import annotations
 
+from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import (BF16, BLOCK, fp8_weight, linears, materialized,
                                                 one_row, require)
@@ -43,7 +44,7 @@ def _rowscale(ctx: LowerCtx, group: LoweredGroup, node: Node, x: Tensor) -> Laun
     inst = KernelInstance("wxay", HEADER, f"kbp::wxay_rowscale<{k}>",
                           ("const uint8_t*", "const float*", "const uint8_t*", "const float*", f"{BF16}*", "int"))
     return Launch(inst, grid=(y.dim_value // 16, 1, 1), block=BLOCK, smem=0,
-                  args=(a.codes, a.scales, *fp8_weight(ctx, node), ctx.buf(y), str(y.dim_value)),
+                  args=(a.codes, a.scales, *fp8_weight(ctx, node), ctx.buf(y), lit(y.dim_value)),
                   group=group.id, nodes=(node.id,))
 
 
@@ -56,12 +57,12 @@ def _split(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node], x: Tensor) -> 
         for node in part:
             codes, scales = fp8_weight(ctx, node)
             y = ctx.output(node)
-            segs.append(f"kbp::WxaySeg{{{codes}, {scales}, {ctx.buf(y)}, {y.dim_value}, 0}}")
+            segs.append(Aggregate("kbp::WxaySeg", (codes, scales, ctx.buf(y), lit(y.dim_value), lit(0))))
         table = f"kbp::WxaySegList<{len(part)}>"
         inst = KernelInstance("wxay", HEADER, f"kbp::wxay_rowscale_split_list<{k}, {len(part)}>",
                               (table, "const uint8_t*", "const float*"))
         grid = sum(ctx.output(n).dim_value // 16 for n in part)
         launches.append(Launch(inst, grid=(grid, 1, 1), block=BLOCK, smem=0,
-                               args=(f"{table}{{{{{', '.join(segs)}}}}}", a.codes, a.scales),
+                               args=(Aggregate(table, (Aggregate(None, tuple(segs)),)), a.codes, a.scales),
                                group=group.id, nodes=tuple(n.id for n in part)))
     return launches

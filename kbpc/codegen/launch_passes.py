@@ -1,0 +1,47 @@
+"""Launch passes: rewrites of the step program between family lowering and rendering, in one
+ordered table. Each is a pure function (StepProgram, Options) -> StepProgram; its docstring says
+what it guarantees. Fusions that are plan facts (which nodes run in one group) belong to the plan
+passes (kbpc/passes/); these passes only change how the launches are issued."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from kbpc.codegen.records import GroupCode, StepProgram
+from kbpc.ir.plan import Options
+
+LaunchPass = Callable[[StepProgram, Options], StepProgram]
+
+
+def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
+    """Programmatic dependent launch: every launch whose stream predecessor is a kernel of this step
+    (no event wait between them) is issued with the PDL attribute, so it starts while that kernel
+    drains and waits for it in kbp::pdl_wait(). The first launch on each stream and any launch after
+    a cross-stream event wait keep a full dependency (the graph edge from an event is not
+    programmatic). With options.pdl off, no launch is marked."""
+    if not options.pdl:
+        return step
+    seen_stream: set[int] = set()
+    groups = []
+    for g in step.groups:
+        launches = []
+        for i, launch in enumerate(g.launches):
+            after_kernel = g.stream in seen_stream and not (i == 0 and g.waits)
+            launches.append(dataclasses.replace(launch, pdl=after_kernel))
+            seen_stream.add(g.stream)
+        groups.append(dataclasses.replace(g, launches=tuple(launches)))
+    return dataclasses.replace(step, groups=tuple(groups))
+
+
+LAUNCH_PASSES: tuple[tuple[str, LaunchPass], ...] = (
+    ("mark_pdl", mark_pdl),
+)
+
+
+def run_launch_passes(step: StepProgram, options: Options) -> StepProgram:
+    for _, fn in LAUNCH_PASSES:
+        step = fn(step, options)
+    return step
+
+
+__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "run_launch_passes"]

@@ -1,0 +1,119 @@
+"""fuse_groups: merge groups across the blueprint's boundaries where a fused kernel form exists.
+
+Needs: lowered groups with variants (lower_precision). Guarantees: every merged group holds exactly
+the ops of one rule in kbpc/passes/fusion_rules.py and is convex in the group dependency graph (no
+path leaves it and comes back), so stream scheduling and memory planning see an ordinary group;
+edges inside a merged group have no buffer unless a group outside reads them too. `plan.fusions`
+records every candidate: the groups merged, or why they were left apart. With options.fuse off
+the plan keeps the blueprint's groups (the candidates are still reported, as not applied).
+
+Search: for each rule, in group order, a group holding the rule's anchor op seeds a merge; groups
+joined to the merge by a data edge whose ops still fit the rule are added, the earliest first,
+until the merge holds exactly the rule's ops. Each group joins at most one merge."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from kbpc.ir.plan import FusionRecord, LoweredGroup, Plan
+from kbpc.passes.fusion_rules import FUSION_RULES, FusionRule
+from kbpc.targets import get_target, variant_for
+
+
+def fuse_groups(plan: Plan) -> Plan:
+    grouping = plan.grouping
+    ops = {g.id: Counter(n.op for n in grouping.nodes(g.id)) for g in plan.groups}
+    device = {g.id for g in plan.groups if g.where == "device"}
+    neighbours = _neighbours(plan)
+    deps = grouping.dependencies()
+    taken: set[int] = set()
+    records: list[FusionRecord] = []
+    merges: list[tuple[FusionRule, tuple[int, ...]]] = []
+    for rule in FUSION_RULES:
+        for g in plan.groups:
+            if g.id in taken or g.id not in device or ops[g.id][rule.anchor] == 0:
+                continue
+            members, missing = _grow(rule, g.id, ops, neighbours, taken | (set(ops) - device), deps)
+            if missing:
+                records.append(FusionRecord(rule.name, members, False,
+                                            f"no neighbouring group that keeps the merge convex holds {missing}"))
+                continue
+            if not plan.options.fuse:
+                records.append(FusionRecord(rule.name, members, False, "fusion is off (--no-fuse)"))
+                continue
+            taken.update(members)
+            merges.append((rule, members))
+            records.append(FusionRecord(rule.name, members, True, rule.why))
+    return dataclasses.replace(plan, groups=_merged(plan, merges), fusions=tuple(records))
+
+
+def _neighbours(plan: Plan) -> dict[int, set[int]]:
+    """Groups joined by a data edge, either way."""
+    out: dict[int, set[int]] = {g.id: set() for g in plan.groups}
+    for t in plan.grouping.crossing_edges():
+        a, b = plan.grouping.group_of(t.src), plan.grouping.group_of(t.dst)
+        out[a].add(b)
+        out[b].add(a)
+    return out
+
+
+def _grow(rule: FusionRule, seed: int, ops: dict[int, Counter], neighbours: dict[int, set[int]],
+          excluded: set[int], deps: dict[int, set[int]]) -> tuple[tuple[int, ...], str]:
+    """(members, what is still missing) of the merge grown from `seed`: each step adds the
+    earliest neighbouring group whose ops fit and that keeps the merge convex."""
+    want = rule.op_counts
+    if ops[seed] - want:                      # the seed holds ops the rule has no place for
+        return (seed,), ", ".join(sorted((ops[seed] - want).elements()))
+    members, have = [seed], Counter(ops[seed])
+    while have != want:
+        fits = sorted({n for m in members for n in neighbours[m]
+                       if n not in members and n not in excluded and not (ops[n] - (want - have))})
+        fits = [n for n in fits if _convex({*members, n}, deps)]
+        if not fits:
+            break
+        members.append(fits[0])
+        have += ops[fits[0]]
+    missing = want - have
+    return tuple(sorted(members)), ", ".join(sorted(missing.elements()))
+
+
+def _convex(members: set[int], deps: dict[int, set[int]]) -> bool:
+    """No group outside `members` is both reached from them and reaches them."""
+    users: dict[int, set[int]] = {g: set() for g in deps}
+    for g, ds in deps.items():
+        for d in ds:
+            users[d].add(g)
+    def reach(start: set[int], edges: dict[int, set[int]]) -> set[int]:
+        seen, stack = set(), [n for m in start for n in edges[m] if n not in start]
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(x for x in edges[n] if x not in start)
+        return seen
+    return not (reach(members, users) & reach(members, deps))
+
+
+def _merged(plan: Plan, merges: list[tuple[FusionRule, tuple[int, ...]]]) -> tuple[LoweredGroup, ...]:
+    """The plan's groups with each merge replaced by one group (the lowest member id), nodes in
+    blueprint order, the rule's family and that family's variant on the target."""
+    by_id = {g.id: g for g in plan.groups}
+    order = {n.id: n.order for n in plan.blueprint.nodes()}
+    target = get_target(plan.options.target)
+    replaced: dict[int, LoweredGroup | None] = {}
+    for rule, members in merges:
+        parts = [by_id[m] for m in members]
+        nodes = tuple(sorted((n for p in parts for n in p.nodes), key=order.get))
+        replaced[members[0]] = LoweredGroup(
+            id=members[0], rule=f"fused:{rule.name}", family=rule.family, nodes=nodes,
+            kernels=tuple(k for p in parts for k in p.kernels), variant=variant_for(target, rule.family),
+            where=parts[0].where, requants=tuple(r for p in parts for r in p.requants),
+            fused_from=tuple(members))
+        replaced.update({m: None for m in members[1:]})
+    out = []
+    for g in plan.groups:
+        if g.id not in replaced:
+            out.append(g)
+        elif replaced[g.id] is not None:
+            out.append(replaced[g.id])
+    return tuple(out)

@@ -1,0 +1,118 @@
+"""fuse_groups: before/after on the tiny example (the expected merges, their nodes and family),
+refusals with reasons, the invariants after fusion, buffers only for edges that still cross
+groups, and every fusion rule served by its family lowering."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbpc.codegen.context import LowerCtx
+from kbpc.codegen.families import lower_group
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.buffers import buffer_name
+from kbpc.ir.plan import LoweredGroup, Options, Plan
+from kbpc.passes import PIPELINE, run_pipeline
+from kbpc.passes.fuse_groups import _convex, fuse_groups
+from kbpc.passes.fusion_rules import FUSION_RULES
+from kbpc.passes.invariants import check_invariants
+
+
+def _before(bp, **opts) -> Plan:
+    """The plan just before fuse_groups."""
+    plan = Plan(blueprint=bp, options=Options(**opts))
+    for name, fn in PIPELINE:
+        if name == "fuse_groups":
+            return plan
+        plan = fn(plan)
+    raise AssertionError("fuse_groups is not in the pipeline")
+
+
+@pytest.fixture(scope="module")
+def tiny_bp(tiny_path):
+    return load_blueprint(Path(tiny_path))
+
+
+def _ops(bp, group: LoweredGroup) -> list[str]:
+    return sorted(bp.node_by_id[n].op for n in group.nodes)
+
+
+def test_hc_boundaries_merge(tiny_bp):
+    before = _before(tiny_bp)
+    after = fuse_groups(before)
+    posts = [g for g in before.groups if _ops(tiny_bp, g) == ["hc_post"]]
+    pres = {g.id: g for g in before.groups if "hc_pre" in _ops(tiny_bp, g)}
+    merged = [g for g in after.groups if g.rule == "fused:hc_boundary"]
+    # every post-mix but the last (followed by the head's contract) joins the next pre-mix
+    assert len(merged) == len(posts) - 1
+    for g in merged:
+        post_id, pre_id = g.fused_from
+        assert _ops(tiny_bp, g) == sorted(["hc_post", "linear:hc_mix", "hc_pre", "rms_norm"])
+        assert g.family == "glm_mhc" and g.id == post_id and pre_id in pres
+        assert set(g.nodes) == set(next(p for p in posts if p.id == post_id).nodes) | set(pres[pre_id].nodes)
+        # the post's streams feed the pre it joined
+        post_node = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "hc_post")
+        assert any(tiny_bp.node(t.dst).id in pres[pre_id].nodes for t in tiny_bp.outputs(post_node.order))
+    assert len(after.groups) == len(before.groups) - len(merged)
+    left = [f for f in after.fusions if not f.applied]
+    assert len(left) == 1 and "hc_pre" in left[0].reason
+
+
+def test_fuse_off_keeps_groups_and_reports(tiny_bp):
+    before = _before(tiny_bp, fuse=False)
+    after = fuse_groups(before)
+    assert after.groups == before.groups
+    assert after.fusions and all(not f.applied for f in after.fusions)
+    assert any(f.reason.startswith("fusion is off") for f in after.fusions)
+
+
+def test_convexity(tiny_bp):
+    """Merging the KDA projections with the output projection would put the pack, conv, gates,
+    recurrence and norm on a path that leaves the merge and comes back; a post-mix with the next
+    pre-mix is a direct edge. (The boundary test above also shows the search skips the post-mix's
+    own site, an earlier neighbour that would make a cycle.)"""
+    plan = _before(tiny_bp)
+    deps = plan.grouping.dependencies()
+    six = next(g.id for g in plan.groups if "linear:kda_f_a" in _ops(tiny_bp, g))
+    o_proj = next(g.id for g in plan.groups if _ops(tiny_bp, g) == ["linear:o"] and g.id > six)
+    assert not _convex({six, o_proj}, deps)
+    post = next(g.id for g in plan.groups if _ops(tiny_bp, g) == ["hc_post"])
+    assert _convex({post, post + 1}, deps)
+
+
+def test_plan_after_fusion(tiny_bp):
+    plan = run_pipeline(tiny_bp, Options(), verify=True)       # invariants after every pass
+    check_invariants(plan, "end")
+    names = {b.name for b in plan.buffers}
+    for g in plan.groups:
+        for node_id in g.nodes:
+            node = tiny_bp.node_by_id[node_id]
+            for t in tiny_bp.outputs(node.order):
+                crosses = plan.grouping.crosses(t)
+                if crosses:
+                    assert buffer_name(tiny_bp, t) in names
+    fused = [g for g in plan.groups if g.fused_from]
+    # the boundary's internal stream edge still has a buffer: the next post-mix reads it
+    for g in fused:
+        post = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "hc_post")
+        assert f"{post.id}.y" in names
+
+
+def test_every_rule_lowers(tiny_bp):
+    plan = run_pipeline(tiny_bp, Options())
+    ctx = LowerCtx(plan)
+    served = set()
+    for g in plan.groups:
+        if g.rule.startswith("fused:"):
+            launches = lower_group(ctx, g)
+            assert launches and set(g.nodes) <= {n for l in launches for n in l.nodes}
+            served.add(g.rule.removeprefix("fused:"))
+    assert served == {r.name for r in FUSION_RULES}
+
+
+def test_fusion_reduces_launches(tiny_bp):
+    from kbpc.codegen.emit import build_step
+    count = {f: sum(len(g.launches) for g in build_step(run_pipeline(tiny_bp, Options(fuse=f)), "x").groups)
+             for f in (False, True)}
+    merged = sum(len(f.groups) - 1 for f in run_pipeline(tiny_bp, Options()).fusions if f.applied)
+    assert count[True] == count[False] - merged

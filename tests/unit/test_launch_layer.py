@@ -1,0 +1,66 @@
+"""The typed launch layer: arguments render to the step program's expressions in one place, launch
+passes rewrite the step program, and the PDL pass marks exactly the launches that follow a kernel
+on their own stream with no event wait in between."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbpc.codegen.args import (NULL, Aggregate, ArenaPtr, FloatLit, StatePtr, StepInput, WeightPtr,
+                               WeightScalar, arena_buffers, lit)
+from kbpc.codegen.emit import build_step, generate
+from kbpc.codegen.render_args import launch_call, render_arg
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options
+from kbpc.passes import run_pipeline
+
+
+def test_render_each_kind():
+    assert render_arg(ArenaPtr("l0.x.y", 512, "float")) == "((float*)(A + 512))"
+    assert render_arg(ArenaPtr("b", 512, "__nv_bfloat16").plus(3)) == "((__nv_bfloat16*)(A + 518))"
+    assert render_arg(WeightPtr(7, "w", "float")) == "((const float*)W[7])"
+    assert render_arg(WeightPtr(7, "w", "const float")) == "((const float*)W[7])"
+    assert render_arg(WeightScalar(2, "s")) == "WS[2]"
+    assert render_arg(StatePtr(1, "st", "int32_t")) == "((int32_t*)S[1])"
+    assert render_arg(StepInput("SEQ")) == "SEQ"
+    assert render_arg(lit(5)) == "5" and render_arg(FloatLit(1e-6)) == "1e-06f" and render_arg(NULL) == "nullptr"
+    nested = Aggregate("kbp::T<2>", (Aggregate(None, (lit(1), NULL)), FloatLit(0.5)))
+    assert render_arg(nested) == "kbp::T<2>{{1, nullptr}, 0.5f}"
+    assert arena_buffers((nested, ArenaPtr("a", 0), Aggregate(None, (ArenaPtr("b", 8),)))) == {"a", "b"}
+
+
+def test_bad_literals_are_refused():
+    with pytest.raises(ValueError):
+        FloatLit(float("inf"))
+    with pytest.raises(ValueError):
+        StepInput("A + 1")
+
+
+@pytest.fixture(scope="module")
+def tiny_steps(tiny_path):
+    bp = load_blueprint(Path(tiny_path))
+    return {pdl: build_step(run_pipeline(bp, Options(pdl=pdl)), "x") for pdl in (False, True)}
+
+
+def test_pdl_marks_launches_after_a_kernel_on_their_stream(tiny_steps):
+    off, on = tiny_steps[False], tiny_steps[True]
+    assert not any(l.pdl for g in off.groups for l in g.launches)
+    seen: set[int] = set()
+    marked = 0
+    for g in on.groups:
+        for i, launch in enumerate(g.launches):
+            want = g.stream in seen and not (i == 0 and g.waits)
+            assert launch.pdl == want, (g.group, i)
+            marked += want
+            seen.add(g.stream)
+    assert 0 < marked < sum(len(g.launches) for g in on.groups)
+
+
+def test_step_program_renders_the_pdl_flag(tiny_path, tiny_steps):
+    step = tiny_steps[True]
+    text = generate(run_pipeline(load_blueprint(Path(tiny_path)), Options(pdl=True)), "x").files["src/step.cu"]
+    for g in step.groups:
+        for launch in g.launches:
+            assert launch_call(launch, f"streams[{g.stream}]") in text
+    assert ", 1, ((" in text and ", 0, ((" in text
