@@ -34,8 +34,11 @@
 //   p = fma(q_i, x_i, p) for i = 0..15, and acc = fma(p, f32(s_g * s_nj), acc); each warp reduces
 //   with the shuffle tree (offsets 16..1) and y = rn_bf16(P0 + P1).
 // Speed: each thread issues its 8-byte code and scale loads (W4A16_BATCH chunks x 4 rows) before the
-//   arithmetic; E2M1 codes are decoded by bit placement (no table lookups). Measured on H200 this
-//   is ALU-bound (~30% of copy bandwidth): the exact FMA chain needs decode + FMA per value.
+//   arithmetic. E2M1 codes become FP16 pairs of q * 2^-14 (e2m1x8_f16: 11 integer instructions per
+//   8 values), widened to FP32 (one HADD2.F32 each) and chained with x * 2^14 (exact for |x| <
+//   2^113; fma(q 2^-14, x 2^14, p) == fma(q, x, p) bit for bit): ~3.5-4 instructions per value,
+//   against ~9 for the earlier decode (kept for CTAs whose x has an element >= 2^113). The
+//   numerics-fast form on tensor cores is kernels/w4a16_mma.cuh.
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
