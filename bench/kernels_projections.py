@@ -47,6 +47,21 @@ def _nvfp4_bytes(n, k):
     return n * k // 2 + n * k // 16
 
 
+def _w4a16_seg_launch(f, ns, k, wb, grid, block):
+    """launch(i, stream) of a W4A16Seg-table kernel f(table, nseg, x) over rotating weight sets."""
+    dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
+    sets = []
+    for _ in range(rotations(wb)):
+        bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
+        tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
+        sets.append((bufs, tab, _dev(2 * k)))
+
+    def launch(i, stream=None):
+        _, tab, x = sets[i % len(sets)]
+        f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, block=block, stream=stream)
+    return launch
+
+
 def w4a16_segs(name, ns, k):
     """One launch of w4a16_gemv_seg (or w4a16_gemv when there is one segment)."""
     wb = sum(_nvfp4_bytes(n, k) for n in ns)
@@ -54,19 +69,7 @@ def w4a16_segs(name, ns, k):
     def setup():
         mod = _mod(f'#include "w4a16_gemv.cuh"\n'
                    f'extern "C" __global__ void __launch_bounds__(256) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_gemv_seg_dev<{k}>(t, n, x); }}', f"bw4s{k}")
-        f = mod.get_function("s")
-        dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
-        sets = []
-        for _ in range(rotations(wb)):
-            bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
-            tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
-            sets.append((bufs, tab, _dev(2 * k)))
-        grid = (sum((n + 15) // 16 for n in ns), 1)
-
-        def launch(i, stream=None):
-            _, tab, x = sets[i % len(sets)]
-            f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, stream=stream, **B256)
-        return launch
+        return _w4a16_seg_launch(mod.get_function("s"), ns, k, wb, (sum((n + 15) // 16 for n in ns), 1), (256, 1, 1))
     return Case(f"w4a16_gemv::seg {name}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
 
 
@@ -154,19 +157,8 @@ def w4a16_mma(name, ns, k, ks, t):
     def setup():
         mod = _mod(f'#include "w4a16_mma.cuh"\n'
                    f'extern "C" __global__ void __launch_bounds__({32 * ks * t}) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_mma_seg_dev<{k}, {ks}, {t}>(t, n, x); }}', f"bw4m{k}_{ks}_{t}")
-        f = mod.get_function("s")
-        dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
-        sets = []
-        for _ in range(rotations(wb)):
-            bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
-            tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
-            sets.append((bufs, tab, _dev(2 * k)))
-        grid = (sum(-(-n // (16 * t)) for n in ns), 1)
-
-        def launch(i, stream=None):
-            _, tab, x = sets[i % len(sets)]
-            f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, block=(32 * ks * t, 1, 1), stream=stream)
-        return launch
+        return _w4a16_seg_launch(mod.get_function("s"), ns, k, wb, (sum(-(-n // (16 * t)) for n in ns), 1),
+                                 (32 * ks * t, 1, 1))
     return Case(f"w4a16_mma::seg {name} KS{ks} T{t}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
 
 

@@ -25,8 +25,8 @@ from kbpc.reference import gemv_bounds
 from kbpc.reference import w4a16_gemv as ref_w4a16
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, to_bf16
 
-from test_gpu_projections import (RNG, W4A16_SEG, _gpu, _module, assert_bf16_equal, bf16_input, nvfp4_weight,
-                                  seg_table)
+from test_gpu_projections import (RNG, _gpu, _module, assert_bf16_equal, bf16_input, nvfp4_weight,
+                                  run_w4a16_segments)
 
 pytestmark = pytest.mark.gpu
 
@@ -91,15 +91,9 @@ def test_w4a16_mma_activation_range(scale):
 @pytest.mark.parametrize("k,ns,ks,t", [(4096, (8192, 8192, 8192, 128, 64, 128), 4, 2), (2176, (48, 4, 17), 2, 1)])
 def test_w4a16_mma_segments(k, ns, ks, t):
     g = _gpu()
-    x = bf16_input((k,))
-    weights = [nvfp4_weight(n, k) for n in ns]
-    dev = [(g.to_gpu(p), g.to_gpu(s)) for p, s, _ in weights]
-    ys = [g.poisoned((n,), np.uint16) for n in ns]
-    table = seg_table([(int(p.gpudata), int(s.gpudata), int(y.gpudata), float(sg), n)
-                       for (p, s), y, (_, _, sg), n in zip(dev, ys, weights, ns)], W4A16_SEG)
     mod = _module(mma_src(k, ks, t), f"w4a16_mma_{k}_{ks}_{t}")
-    mod.get_function("mseg")(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(bf16_bits(x)).gpudata,
-                             block=(32 * ks * t, 1, 1), grid=(sum(ctas(n, t) for n in ns), 1))
+    x, weights, ys = run_w4a16_segments(mod.get_function("mseg"), ns, k, (32 * ks * t, 1, 1),
+                                        (sum(ctas(n, t) for n in ns), 1))
     for i, (y, w) in enumerate(zip(ys, weights)):
         assert_fast_bound(g.fetch(y, f"segment {i}"), x, w, ks, f"segment {i}")
 
