@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from kbpc import __version__
-from kbpc.build.library import BuildResult, build_library
-from kbpc.build.nvcc import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.library import BuildResult, build_library
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.manifest import canonical_json

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end check on the GPU machine (one device call): the tiny bundle against the reference
-# interpreter (kbpc verify --numerics), the 128-expert seed decoding and benchmarked at 1k and 16k
-# context, then the GPU kernel tests. Bundles are compiled beforehand (any machine with nvcc) into
-# out/ and carried with the keyring:
-#   kbpc compile examples/tiny.graph.json -o out/tiny.kbp --key out/keys/signing-key.json
-#   kbpc shrink <seed> -o out/seed-e128.json --set experts=128
-#   kbpc compile out/seed-e128.json -o out/seed-e128.kbp --max-context 17000 --key ...
-# Usage: scripts/gpu-e2e.sh [OUTDIR]   (writes logs and JSON results under OUTDIR, default $OUT)
+# End-to-end check on the GPU machine (one device call): the tiny bundles against the reference
+# interpreter (every intermediate with the debug-arena build, then 64 positions of logits), every
+# out/seed-*.kbp decoded and benchmarked, then the GPU tests named by GPU_TESTS (default: all).
+# Bundles are compiled beforehand on any machine with nvcc (scripts/compile-e2e.sh) into out/,
+# with the keyring in out/keys.
+# Usage: scripts/gpu-e2e.sh [OUTDIR]   (logs and JSON under OUTDIR, default $OUT)
+#   BENCH_CONTEXTS  contexts for out/seed-e128.kbp (default "1024 16384"); other seed bundles: 1024
+#   GPU_TESTS       pytest paths/args for the GPU tests ("" skips them)
 set -uo pipefail
 OUTDIR="${1:-${OUT:-$PWD/gpu-e2e-out}}"
 mkdir -p "$OUTDIR"
@@ -15,20 +15,39 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH="$HOME/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+export KBPC_TEST_CUBIN_CACHE="${KBPC_TEST_CUBIN_CACHE:-/tmp/kbpc-cubins}"
 KBPC="python3 -m kbpc.cli"
 TRUST="--trust out/keys/signing-key.pub.json"
 rc=0
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUTDIR/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv | tee "$OUTDIR/gpu.txt"
 step() { echo "== $*"; "$@" || rc=1; }
 if [ -f out/tiny-debug.kbp ]; then   # compiled with --debug-arena: every intermediate vs the reference
-    step $KBPC verify out/tiny-debug.kbp $TRUST --numerics --intermediates --positions 4 -q 2>&1 | tee "$OUTDIR/intermediates.log"
+    step $KBPC verify out/tiny-debug.kbp $TRUST --numerics --intermediates --positions 4 -q 2>&1 | tail -15 | tee "$OUTDIR/intermediates.log"
 fi
-step $KBPC verify out/tiny.kbp $TRUST --numerics --positions 64 --json "$OUTDIR/numerics.json" 2>&1 | tee "$OUTDIR/numerics.log"
-if [ -f out/seed-e128.kbp ]; then
-    step $KBPC run out/seed-e128.kbp $TRUST --prompt-ids 1,2,3,4 --max-new-tokens 16 --context 64 --json 2>&1 | tee "$OUTDIR/seed-run.log"
-    for ctx in 1024 16384; do
-        step $KBPC bench out/seed-e128.kbp $TRUST --context $ctx --runs 20 --json "$OUTDIR/bench-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$ctx.log"
+for t in out/tiny*.kbp; do
+    [ "$t" = out/tiny-debug.kbp ] && continue
+    name=$(basename "$t" .kbp)
+    step $KBPC verify "$t" $TRUST --numerics --positions 64 -q --json "$OUTDIR/numerics-$name.json" 2>&1 | tail -3 | tee "$OUTDIR/numerics-$name.log"
+done
+for b in out/seed-*.kbp; do
+    [ -f "$b" ] || continue
+    name=$(basename "$b" .kbp)
+    contexts=1024
+    [ "$name" = seed-e128 ] && contexts="${BENCH_CONTEXTS:-1024 16384}"
+    for ctx in $contexts; do
+        step $KBPC bench "$b" $TRUST --context "$ctx" --runs 20 --json "$OUTDIR/bench-$name-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$name-$ctx.log" | head -3
     done
+done
+if [ -n "${GPU_TESTS-tests/gpu}" ]; then
+    python3 -m pytest -m gpu ${GPU_TESTS-tests/gpu} -q -rfE 2>&1 | tail -30 | tee "$OUTDIR/pytest.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-python3 -m pytest -m gpu ${GPU_TESTS:-tests/gpu} -q -x -rfE 2>&1 | tail -25 | tee "$OUTDIR/pytest.log"
+python3 - "$OUTDIR" <<'PY' || true
+import glob, json, os, sys
+print("== summary")
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
+    r = json.load(open(path))
+    print(f"{os.path.basename(path):<40} {r['tokens_per_s']:7.1f} tok/s {r['step_ms_median']:7.3f} ms "
+          f"{100 * r['roofline_fraction']:5.1f}% launches {r['launches_per_step']} profiled {r['profiled_step_ms']:.3f} ms")
+PY
 exit $rc

@@ -44,3 +44,9 @@ def seed_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
     return TINY_BLUEPRINT
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    """One nvcc object cache for the whole session, so each kernel instance is built once."""
+    return tmp_path_factory.mktemp("build-cache")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
+from kbpc.toolchain.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
 
 pytestmark = pytest.mark.nvcc
 

@@ -53,9 +53,20 @@ def test_hc_boundaries_merge(tiny_bp):
         # the post's streams feed the pre it joined
         post_node = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "hc_post")
         assert any(tiny_bp.node(t.dst).id in pres[pre_id].nodes for t in tiny_bp.outputs(post_node.order))
-    assert len(after.groups) == len(before.groups) - len(merged)
+    assert len(after.groups) == len(before.groups) - sum(len(f.groups) - 1 for f in after.fusions if f.applied)
     left = [f for f in after.fusions if not f.applied]
-    assert len(left) == 1 and "hc_pre" in left[0].reason
+    assert len(left) == 1 and left[0].rule == "hc_boundary" and "hc_pre" in left[0].reason
+
+
+def test_dsa_projections_merge_horizontally(tiny_bp):
+    """Siblings reading one quantized row join one segment-list launch (no edge between them)."""
+    after = fuse_groups(_before(tiny_bp))
+    merged = [g for g in after.groups if g.rule == "fused:dsa_proj_in"]
+    assert len(merged) == sum(1 for n in tiny_bp.nodes() if n.op == "linear:index_k") > 0
+    for g in merged:
+        assert _ops(tiny_bp, g) == sorted(["linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"])
+        inputs = {t.id for n in g.nodes for t in tiny_bp.inputs(tiny_bp.node_by_id[n].order)}
+        assert len(inputs) == 1 and g.family == "wxay"
 
 
 def test_fuse_off_keeps_groups_and_reports(tiny_bp):
@@ -91,7 +102,7 @@ def test_plan_after_fusion(tiny_bp):
                 crosses = plan.grouping.crosses(t)
                 if crosses:
                     assert buffer_name(tiny_bp, t) in names
-    fused = [g for g in plan.groups if g.fused_from]
+    fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
     # the boundary's internal stream edge still has a buffer: the next post-mix reads it
     for g in fused:
         post = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "hc_post")
