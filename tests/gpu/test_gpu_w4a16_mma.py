@@ -116,3 +116,28 @@ def test_w4a16_exact_big_activations():
                                block=(256, 1, 1), grid=((n + 15) // 16, 1))
         assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0],
                           f"w4a16_gemv big={big}")
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_w4a16_mma_through_the_product_launcher(tiny_path, pdl):
+    """The instance, grid and block the fast lowering picks for the tiny example's one-linear
+    groups, run through the product's launcher (kbpc.testing.launchers), with and without PDL."""
+    from kbpc.codegen.families import w4a16_gemv as lower_w4a16  # noqa: PLC0415
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    from kbpc.testing.lowering import family_groups, planned  # noqa: PLC0415
+    g = _gpu()
+    plan, ctx = planned(str(tiny_path), numerics="fast")
+    groups = [grp for grp in family_groups(plan, "w4a16_gemv") if len(grp.nodes) == 1]
+    assert groups
+    for grp in groups:
+        (launch,) = lower_w4a16.lower(ctx, grp)
+        assert launch.instance.header == "w4a16_mma.cuh"
+        node = plan.blueprint.node_by_id[grp.nodes[0]]
+        k, n = ctx.input(node).dim_value, ctx.output(node).dim_value
+        ks = int(launch.instance.kernel.split(",")[1])
+        weight = nvfp4_weight(n, k)
+        x = bf16_input((k,))
+        y = g.poisoned((n,), np.uint16)
+        launcher(launch.instance)(launch.grid, launch.block, g.to_gpu(weight[0]), g.to_gpu(weight[1]),
+                                  np.float32(weight[2]), g.to_gpu(bf16_bits(x)), y, n, smem=launch.smem, pdl=pdl)
+        assert_fast_bound(g.fetch(y), x, weight, ks, f"{node.id} through the launcher")
