@@ -25,9 +25,13 @@ bandwidth. ``floor_us(bytes)`` = the time that bandwidth needs.
 Timing: each case is warmed up, then timed in batches of ``--batch`` back-to-back launches between
 two CUDA events; a spin kernel enqueued before each batch lets the host queue the whole batch
 before the GPU reaches it, so host launch overhead does not show in the kernel time. The table
-shows the median over ``--reps`` batches (time per launch).
+shows the median over ``--reps`` batches (time per launch), and beside it a pure streaming read of
+the same bytes timed the same way (``stream`` us, and the kernel's % of it: the ceiling in that
+setting). With ``--graph``, cases whose ``launch(i, stream=None)`` takes a stream are also timed
+inside a CUDA graph, each launch after a dependent tiny kernel (bench/ingraph.py), again beside the
+streaming read in the same graph.
 
-    python3 bench/kernels.py [--only SUBSTR] [--json FILE] [--reps 15] [--batch 20]
+    python3 bench/kernels.py [--only SUBSTR] [--json FILE] [--reps 15] [--batch 20] [--graph]
 """
 from __future__ import annotations
 
@@ -122,17 +126,36 @@ def time_case(case: Case, reps: int, batch: int, spin) -> list[float]:
     return times
 
 
-def run(cases: list[tuple[str, Case]], reps: int, batch: int) -> list[dict]:
+def _measure(case: Case, reps: int, batch: int, spin, graph: bool, stream_cache: dict) -> dict:
+    """us, GB/s, % of 4.3 TB/s, and the streaming read of the same bytes (alone; in-graph)."""
+    import ingraph  # noqa: PLC0415  (bench/ingraph.py)
+
+    t = statistics.median(time_case(case, reps, batch, spin))
+    out = dict(us=t, gbps=case.bytes_moved / t / 1e3, pct=100 * floor_us(case.bytes_moved) / t)
+    key = case.bytes_moved
+    if key not in stream_cache:
+        ref = ingraph.stream_read_case(key)
+        stream_cache[key] = {"stream_us": statistics.median(time_case(ref, reps, batch, spin))}
+        if graph:
+            stream_cache[key]["g_stream_us"] = ingraph.time_in_graph(ref, reps)
+    out.update(stream_cache[key])
+    out["pct_stream"] = 100 * out["stream_us"] / t
+    g_us = ingraph.time_in_graph(case, reps) if graph else None
+    if g_us is not None:
+        out.update(g_us=g_us, pct_g_stream=100 * out["g_stream_us"] / g_us)
+    return out
+
+
+def run(cases: list[tuple[str, Case]], reps: int, batch: int, graph: bool = False) -> list[dict]:
     import pycuda.autoprimaryctx  # noqa: F401, PLC0415
 
     spin = _spin_kernel()
-    rows = []
+    rows, stream_cache = [], {}
     for group, case in cases:
         row = {"group": group, "kernel": case.name, "shape": case.shape, "bytes": case.bytes_moved,
                "floor_us": floor_us(case.bytes_moved)}
         try:
-            t = statistics.median(time_case(case, reps, batch, spin))
-            row.update(us=t, gbps=case.bytes_moved / t / 1e3, pct=100 * floor_us(case.bytes_moved) / t)
+            row.update(_measure(case, reps, batch, spin, graph, stream_cache))
         except Exception as exc:  # noqa: BLE001  (report and go on with the next case)
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"!! {case.name}: {row['error']}", file=sys.stderr)
@@ -141,14 +164,16 @@ def run(cases: list[tuple[str, Case]], reps: int, batch: int) -> list[dict]:
     return rows
 
 
-HEADER = f"{'kernel':<48} {'shape':<34} {'us':>9} {'floor':>8} {'GB/s':>8} {'%4.3TB/s':>9}"
+HEADER = (f"{'kernel':<48} {'shape':<34} {'us':>9} {'floor':>8} {'GB/s':>8} {'%4.3TB/s':>9} {'stream':>8} "
+          f"{'%strm':>6} {'graph':>8} {'g.strm':>8} {'%g.strm':>7}")
 
 
 def format_row(row: dict) -> str:
     if "error" in row:
         return f"{row['kernel']:<48} {row['shape']:<34} {'ERROR':>9} {row['error'][:60]}"
+    graph = (f" {row['g_us']:8.2f} {row['g_stream_us']:8.2f} {row['pct_g_stream']:6.1f}%" if "g_us" in row else "")
     return (f"{row['kernel']:<48} {row['shape']:<34} {row['us']:9.2f} {row['floor_us']:8.2f} "
-            f"{row['gbps']:8.0f} {row['pct']:8.1f}%")
+            f"{row['gbps']:8.0f} {row['pct']:8.1f}% {row['stream_us']:8.2f} {row['pct_stream']:5.1f}%{graph}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--list", action="store_true", help="list the cases and exit (no GPU needed)")
+    ap.add_argument("--graph", action="store_true", help="also time in a CUDA graph after a dependent kernel")
     args = ap.parse_args(argv)
     cases = load_cases(args.only)
     if args.list:
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{group:<14} {case.name:<48} {case.shape:<34} floor {floor_us(case.bytes_moved):8.2f} us")
         return 0
     print(HEADER)
-    rows = run(cases, args.reps, args.batch)
+    rows = run(cases, args.reps, args.batch, args.graph)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 1 if any("error" in r for r in rows) else 0

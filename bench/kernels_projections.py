@@ -39,15 +39,30 @@ def dense(name, n, k):
     def setup():
         f = _mod(f'#include "dense_bf16.cuh"\nextern "C" __global__ void __launch_bounds__(256) d(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, __nv_bfloat16>(W, x, y, N); }}', f"bd{k}").get_function("d")
         sets = [(_dev(2 * n * k), _dev(2 * k), _dev(2 * n)) for _ in range(rotations(2 * n * k))]
-        def launch(i):
+        def launch(i, stream=None):
             w, x, y = sets[i % len(sets)]
-            f(w.gpudata, x.gpudata, y.gpudata, np.int32(n), grid=((n + 3) // 4, 1), **B256)
+            f(w.gpudata, x.gpudata, y.gpudata, np.int32(n), grid=((n + 3) // 4, 1), stream=stream, **B256)
         return launch
     return Case(f"dense_bf16::gemv {name}", f"{n}x{k} bf16", 2 * n * k + 2 * k + 2 * n, setup)
 
 
 def _nvfp4_bytes(n, k):
     return n * k // 2 + n * k // 16
+
+
+def _w4a16_seg_launch(f, ns, k, wb, grid, block):
+    """launch(i, stream) of a W4A16Seg-table kernel f(table, nseg, x) over rotating weight sets."""
+    dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
+    sets = []
+    for _ in range(rotations(wb)):
+        bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
+        tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
+        sets.append((bufs, tab, _dev(2 * k)))
+
+    def launch(i, stream=None):
+        _, tab, x = sets[i % len(sets)]
+        f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, block=block, stream=stream)
+    return launch
 
 
 def w4a16_segs(name, ns, k):
@@ -57,19 +72,7 @@ def w4a16_segs(name, ns, k):
     def setup():
         mod = _mod(f'#include "w4a16_gemv.cuh"\n'
                    f'extern "C" __global__ void __launch_bounds__(256) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_gemv_seg_dev<{k}>(t, n, x); }}', f"bw4s{k}")
-        f = mod.get_function("s")
-        dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
-        sets = []
-        for _ in range(rotations(wb)):
-            bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
-            tab = _table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n) for (c, s, y), n in zip(bufs, ns)], dt)
-            sets.append((bufs, tab, _dev(2 * k)))
-        grid = (sum((n + 15) // 16 for n in ns), 1)
-
-        def launch(i):
-            _, tab, x = sets[i % len(sets)]
-            f(tab.gpudata, np.int32(len(ns)), x.gpudata, grid=grid, **B256)
-        return launch
+        return _w4a16_seg_launch(mod.get_function("s"), ns, k, wb, (sum((n + 15) // 16 for n in ns), 1), (256, 1, 1))
     return Case(f"w4a16_gemv::seg {name}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
 
 
@@ -141,11 +144,64 @@ def wxay_split(name, ns, k):
             sets.append((bufs, tab, _dev(k)))
         grid = (sum(n // 16 for n in ns), 1)
 
-        def launch(i):
+        def launch(i, stream=None):
             _, tab, a = sets[i % len(sets)]
-            f(tab.gpudata, np.int32(len(ns)), a.gpudata, sa.gpudata, grid=grid, **B256)
+            f(tab.gpudata, np.int32(len(ns)), a.gpudata, sa.gpudata, grid=grid, stream=stream, **B256)
         return launch
     return Case(f"wxay::rowscale {name}", f"{'+'.join(map(str, ns))}x{k} fp8", wb + k + 2 * sum(ns), setup)
+
+
+# ------------------------------------------------------------------ fast / small-N forms
+
+def w4a16_mma(name, ns, k, ks, t):
+    """One launch of the FP16 tensor-core form (w4a16_mma_seg; one segment = w4a16_mma)."""
+    wb = sum(_nvfp4_bytes(n, k) for n in ns)
+
+    def setup():
+        mod = _mod(f'#include "w4a16_mma.cuh"\n'
+                   f'extern "C" __global__ void __launch_bounds__({32 * ks * t}) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_mma_seg_dev<{k}, {ks}, {t}>(t, n, x); }}', f"bw4m{k}_{ks}_{t}")
+        return _w4a16_seg_launch(mod.get_function("s"), ns, k, wb, (sum(-(-n // (16 * t)) for n in ns), 1),
+                                 (32 * ks * t, 1, 1))
+    return Case(f"w4a16_mma::seg {name} KS{ks} T{t}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
+
+
+def wxay_ks(name, ns, k, w):
+    """wxay_rowscale_split_ks: W warps per CTA, 8/W CTAs per 16-row tile (same bits as wxay)."""
+    wb = sum(n * k + 4 * n for n in ns)
+    tiles = sum(n // 16 for n in ns)
+
+    def setup():
+        f = _mod(f'#include "wxay.cuh"\nextern "C" __global__ void __launch_bounds__({32 * w}) s(const kbp::WxaySeg* t, int n, const uint8_t* a, const float* sa, float* part, unsigned* cnt) {{ kbp::wxay_rowscale_split_ks_dev<{k}, {w}>(t, n, a, sa, part, cnt); }}', f"bwxks{k}_{w}").get_function("s")
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        dt = [("w", "<u8"), ("s", "<u8"), ("y", "<u8"), ("n", "<i4"), ("p", "<i4")]
+        sa = to_gpu(np.ones(1, np.float32))
+        part, cnt = _dev(4 * 128 * tiles), to_gpu(np.zeros(tiles, np.uint32))
+        sets = []
+        for _ in range(rotations(wb)):
+            bufs = [(_dev(n * k), to_gpu(np.ones(n, np.float32)), _dev(2 * n)) for n in ns]
+            tab = _table([(int(w_.gpudata), int(s_.gpudata), int(y.gpudata), n, 0) for (w_, s_, y), n in zip(bufs, ns)], dt)
+            sets.append((bufs, tab, _dev(k)))
+
+        def launch(i, stream=None):
+            _, tab, a = sets[i % len(sets)]
+            f(tab.gpudata, np.int32(len(ns)), a.gpudata, sa.gpudata, part.gpudata, cnt.gpudata,
+              grid=(tiles * (8 // w), 1), block=(32 * w, 1, 1), stream=stream)
+        return launch
+    return Case(f"wxay::rowscale_ks {name} W{w}", f"{'+'.join(map(str, ns))}x{k} fp8", wb + k + 2 * sum(ns), setup)
+
+
+def dense_opc(name, n, k, opc, out="float"):
+    ob = 4 if out == "float" else 2
+
+    def setup():
+        f = _mod(f'#include "dense_bf16.cuh"\nextern "C" __global__ void __launch_bounds__({64 * opc}) d(const __nv_bfloat16* W, const __nv_bfloat16* x, {out}* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, {out}, {opc}>(W, x, y, N); }}', f"bdo{k}_{opc}_{ob}").get_function("d")
+        sets = [(_dev(2 * n * k), _dev(2 * k), _dev(ob * n)) for _ in range(rotations(2 * n * k))]
+
+        def launch(i, stream=None):
+            w, x, y = sets[i % len(sets)]
+            f(w.gpudata, x.gpudata, y.gpudata, np.int32(n), grid=(-(-n // opc), 1), block=(64 * opc, 1, 1), stream=stream)
+        return launch
+    return Case(f"dense_bf16::gemv_opc {name} OPC{opc}", f"{n}x{k} bf16", 2 * n * k + 2 * k + ob * n, setup)
 
 
 # ------------------------------------------------------------------ activation quantizers
@@ -178,6 +234,22 @@ CASES = [
     wxay_split("dsa q_a+kv_a split", (1536, 512), 4096),
     wxay_split("dsa q_b", (16384,), 1536),
     wxay_split("dsa o", (4096,), 16384),
+    wxay_split("index k/gate", (128,), 4096),
+    wxay_ks("dsa q_a+kv_a split", (1536, 512), 4096, 4),
+    wxay_ks("index k/gate", (128,), 4096, 1),
+    wxay_ks("dsa kv_a", (512,), 4096, 2),
+    w4a16_mma("kda q", (8192,), 4096, 4, 2),
+    w4a16_mma("kda o", (4096,), 8192, 8, 1),
+    w4a16_mma("kda six q,k,v,f_a,b,g_a", (8192, 8192, 8192, 128, 64, 128), 4096, 4, 2),
+    w4a16_mma("shared expert gate,up", (2048, 2048), 4096, 8, 1),
+    w4a16_mma("shared expert down", (4096,), 2048, 4, 2),
+    dense("router", 288, 4096),
+    dense_opc("router", 288, 4096, 1),
+    dense("index q", 4096, 1536),
+    dense_opc("index q", 4096, 1536, 2),
+    dense("index k (bf16 out)", 128, 4096),
+    dense_opc("index k (bf16 out)", 128, 4096, 1, "__nv_bfloat16"),
+    dense_opc("index weights", 32, 4096, 1),
     quantizer("", "w4a4_quant_rows", "w4a4_mx.cuh", 4096, 8192, 4096 // 2 + 4096 // 16 + 4,
               (f"{_BF} x, uint8_t* c, uint8_t* s, float* g", "x, c, s, g", (8192, 2048, 256, 4))),
     quantizer("", "w8a8_act_quant_row", "w8a8_act_quant.cuh", 4096, 8192, 4096 + 4,

@@ -4,6 +4,9 @@
 //   W    (N, K) BF16 row-major, 16-byte aligned;  x  (K,) BF16, 16-byte aligned;  y (N,) OutT.
 //   OutT = __nv_bfloat16 (rounded once, RNE) or float (the FP32 sum, no rounding).
 //   K % 8 == 0 (template); any N >= 1.  grid = (ceil(N / 4)), block = 256, no dynamic smem.
+//   dense_gemv_bf16_opc<K, OutT, OPC>: OPC in {1, 2, 4} outputs per CTA, grid = ceil(N / OPC),
+//   block = 64 * OPC (small N: more CTAs on more SMs), the same bits.
+// PDL: each thread's first batch of weight loads is issued before pdl_wait().
 // Math (explain.families.dense_bf16, GEMV): output n gets 64 threads (two warps); thread l
 //   (0..63) walks the 8-element vectors v = l, l+64, ... in increasing order, accumulating
 //   acc = acc + x[8v+i] * W[n, 8v+i] for i = 0..7 (separate FP32 mul and add; --fmad=false);
@@ -54,6 +57,7 @@ __device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wro
             int v = l + 64 * (b0 + j);
             if (b0 + j < PER && v < NV) w[j] = __ldcs(wrow + v);  // streamed: read once
         }
+        if (b0 == 0) pdl_wait();  // the first weight batch is in flight; x comes from the kernel before
 #pragma unroll
         for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
             int v = l + 64 * (b0 + j);
@@ -63,15 +67,16 @@ __device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wro
     return acc;
 }
 
-// Outputs 4*block .. 4*block+3 (those below N) with 256 threads; every thread must call it.
-template <int K, typename OutT>
+// Outputs OPC*block .. OPC*block+OPC-1 (those below N) with 64*OPC threads; every thread must call it.
+template <int K, typename OutT, int OPC = 4>
 __device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* __restrict__ W,
                                                       const __nv_bfloat16* __restrict__ x,
                                                       OutT* __restrict__ y, int N, int block) {
     static_assert(K % 8 == 0, "dense_gemv_bf16 walks K in 8-element vectors");
-    __shared__ float part[4];
+    static_assert(OPC == 1 || OPC == 2 || OPC == 4, "outputs per CTA");
+    __shared__ float part[OPC];
     const int slot = threadIdx.x >> 6, l = threadIdx.x & 63;
-    const int n = block * 4 + slot;
+    const int n = block * OPC + slot;
     float acc = 0.0f;
     if (n < N)
         acc = dense_row_partial<K>(reinterpret_cast<const uint4*>(W + (size_t)n * K),
@@ -82,19 +87,28 @@ __device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* __res
     if (l == 0 && n < N) dense_store(y + n, __fadd_rn(acc, part[slot]));
 }
 
-template <int K, typename OutT>
+template <int K, typename OutT, int OPC = 4>
 __device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restrict__ W,
                                                        const __nv_bfloat16* __restrict__ x,
                                                        OutT* __restrict__ y, int N) {
-    dense_gemv_bf16_block<K, OutT>(W, x, y, N, blockIdx.x);
+    dense_gemv_bf16_block<K, OutT, OPC>(W, x, y, N, blockIdx.x);
 }
 
 template <int K, typename OutT>
 __global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* __restrict__ W,
                                                        const __nv_bfloat16* __restrict__ x,
                                                        OutT* __restrict__ y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: dense_row_partial waits once its first weight batch is in flight
     dense_gemv_bf16_dev<K, OutT>(W, x, y, N);
+}
+
+// The same kernel with OPC outputs (64 * OPC threads) per CTA: N / OPC CTAs spread a small N over
+// more SMs; every output's 64 threads and operation order are unchanged, so are the bits.
+template <int K, typename OutT, int OPC>
+__global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_opc(const __nv_bfloat16* __restrict__ W,
+                                                                const __nv_bfloat16* __restrict__ x,
+                                                                OutT* __restrict__ y, int N) {
+    dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
 }
 
 }  // namespace kbp

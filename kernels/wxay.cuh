@@ -11,6 +11,11 @@
 //   wxay_rowscale_split_list<K, NSEG>(segs, a_codes, a_scale)      grid = sum_s n_s/16
 //       wxay_rowscale_split with the table passed by value (a __grid_constant__ WxaySegList<NSEG>,
 //       in the launch's parameter space), so generated code needs no host packing or table buffer.
+//   wxay_rowscale_ks<K, W>(a_codes, a_scale, w_codes, w_scales, y, N, part, counters)
+//   wxay_rowscale_split_ks<K, W, NSEG>(segs, a_codes, a_scale, part, counters)
+//       the same bits with W in {1,2,4,8} warps per CTA, grid = tiles * (8/W): for small N, a tile's
+//       eight warp chains spread over up to eight SMs; the partials meet in a global scratch (see
+//       wxay_tile_ks). PDL: weight lines prefetched to L2 before pdl_wait().
 // Math (explain.families.wxay, rowscale): warp w takes the 128-wide chunks c = w (mod 8) in
 //   increasing order; a chunk is 4 chained m16n8k32 MMAs from zero (weights on the 16-row side,
 //   the token in column 0 of the 8-wide side), S_c is added to the warp's FP32 accumulator
@@ -59,20 +64,19 @@ __device__ __forceinline__ void wxay_chunk(const uint4 (&w)[4], const uint4 (&x)
     for (int j = 0; j < 4; ++j) mma_e4m3_m16n8k32(d, wg[2 * j], w8[2 * j], wg[2 * j + 1], w8[2 * j + 1], xv[2 * j], xv[2 * j + 1]);
 }
 
-// The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
+// Warp `warp`'s chain over the 128-wide chunks c = warp (mod 8) of the 16-row tile at w_rows:
+// acc0 / acc8 = rows g / g+8 (valid in lanes t == 0). The same bits whichever CTA runs it.
 template <int K>
-__device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
-                                          const uint8_t* __restrict__ a_codes, float a_scale,
-                                          __nv_bfloat16* __restrict__ y) {
+__device__ __forceinline__ void wxay_warp_chain(const uint8_t* __restrict__ w_rows, const uint8_t* __restrict__ a_codes,
+                                                int warp, float& acc0, float& acc8) {
     static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
     constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
-    __shared__ float part[8][16];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint4* rg = reinterpret_cast<const uint4*>(w_rows + (size_t)g * K) + 2 * t;
     const uint4* r8 = reinterpret_cast<const uint4*>(w_rows + (size_t)(g + 8) * K) + 2 * t;
     const uint4* xa = reinterpret_cast<const uint4*>(a_codes) + 2 * t;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float acc0 = 0.0f, acc8 = 0.0f;
+    acc0 = 0.0f, acc8 = 0.0f;
 #pragma unroll
     for (int b0 = 0; b0 < PER; b0 += WXAY_BATCH) {
         uint4 w[WXAY_BATCH][4], x[WXAY_BATCH][2];
@@ -97,13 +101,32 @@ __device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, co
             }
         }
     }
+}
+
+// y_r = rn_bf16(f32(sum_w v_w in warp order) * f32(w_r * a)) for one row r of a tile.
+__device__ __forceinline__ __nv_bfloat16 wxay_finish(const float (&v)[8], float w_scale, float a_scale) {
+    float p = v[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) p = __fadd_rn(p, v[w]);
+    return f32_to_bf16(__fmul_rn(p, __fmul_rn(w_scale, a_scale)));
+}
+
+// The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
+template <int K>
+__device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
+                                          const uint8_t* __restrict__ a_codes, float a_scale,
+                                          __nv_bfloat16* __restrict__ y) {
+    __shared__ float part[8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float acc0, acc8;
+    wxay_warp_chain<K>(w_rows, a_codes, warp, acc0, acc8);
     if (t == 0) { part[warp][g] = acc0; part[warp][g + 8] = acc8; }
     __syncthreads();
     if (threadIdx.x < 16) {
-        float p = part[0][threadIdx.x];
+        float v[8];
 #pragma unroll
-        for (int w = 1; w < 8; ++w) p = __fadd_rn(p, part[w][threadIdx.x]);
-        y[threadIdx.x] = f32_to_bf16(__fmul_rn(p, __fmul_rn(__ldg(w_scales + threadIdx.x), a_scale)));
+        for (int w = 0; w < 8; ++w) v[w] = part[w][threadIdx.x];
+        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), a_scale);
     }
 }
 
@@ -158,6 +181,94 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
     wxay_rowscale_split_dev<K>(segs.seg, NSEG, a_codes, a_scale);
+}
+
+// ------------------------------------------------------------------ split over CTAs (small N)
+// W warps per CTA and 8/W CTAs per 16-row tile, so a tile's eight warp chains run on up to eight
+// SMs. Each CTA stores its warps' partials in part[tile][8][16] (global scratch), and the last CTA
+// of a tile (counters[tile], zero before the first launch and reset by that CTA) adds the eight in
+// warp order: bit-identical to wxay_rowscale. Launches sharing a scratch must not overlap (on one
+// stream, and with PDL, they cannot: every access follows pdl_wait()).
+
+template <int K, int W>
+__device__ __forceinline__ void wxay_tile_ks(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
+                                             const uint8_t* __restrict__ a_codes, const float* __restrict__ a_scale,
+                                             __nv_bfloat16* __restrict__ y, int slice, float* __restrict__ part,
+                                             unsigned* __restrict__ counter) {
+    static_assert(W == 1 || W == 2 || W == 4 || W == 8, "wxay split: W warps per CTA divides 8");
+    constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+    __shared__ bool last;
+    const int warp = slice * W + (threadIdx.x >> 5), lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int i = lane; i < 16 * PER; i += 32) {  // this warp's weight lines (row, chunk), before the wait
+        const int c = warp + 8 * (i >> 4);
+        if (c < NCH) prefetch_l2(w_rows + (size_t)(i & 15) * K + 128 * c, 128, 0, 1);
+    }
+    pdl_wait();
+    float acc0, acc8;
+    wxay_warp_chain<K>(w_rows, a_codes, warp, acc0, acc8);
+    if (t == 0) { part[warp * 16 + g] = acc0; part[warp * 16 + g + 8] = acc8; }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == 8 / W - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 16) {
+        float v[8];
+#pragma unroll
+        for (int w = 0; w < 8; ++w) v[w] = __ldcg(part + w * 16 + threadIdx.x);
+        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), __ldg(a_scale));
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
+// wxay_rowscale over (N/16) * (8/W) CTAs of 32 W threads; part: (N/16) * 128 floats, counters:
+// N/16 unsigned, zeroed once before the first launch.
+template <int K, int W>
+__device__ __forceinline__ void wxay_rowscale_ks_dev(const uint8_t* __restrict__ a_codes, const float* __restrict__ a_scale,
+                                                     const uint8_t* __restrict__ w_codes,
+                                                     const float* __restrict__ w_scales, __nv_bfloat16* __restrict__ y,
+                                                     int N, float* __restrict__ part, unsigned* __restrict__ counters) {
+    const int tile = blockIdx.x / (8 / W), slice = blockIdx.x % (8 / W);
+    const size_t n0 = (size_t)tile * 16;
+    wxay_tile_ks<K, W>(w_codes + n0 * K, w_scales + n0, a_codes, a_scale, y + n0, slice, part + tile * 128,
+                       counters + tile);
+}
+
+template <int K, int W>
+__global__ void __launch_bounds__(32 * W, 16 / W) wxay_rowscale_ks(const uint8_t* __restrict__ a_codes,
+                                                                   const float* __restrict__ a_scale,
+                                                                   const uint8_t* __restrict__ w_codes,
+                                                                   const float* __restrict__ w_scales,
+                                                                   __nv_bfloat16* __restrict__ y, int N,
+                                                                   float* __restrict__ part,
+                                                                   unsigned* __restrict__ counters) {
+    wxay_rowscale_ks_dev<K, W>(a_codes, a_scale, w_codes, w_scales, y, N, part, counters);
+}
+
+// The split-list form: tiles numbered across segments (sum_s n_s/16), scratch indexed the same way.
+template <int K, int W>
+__device__ __forceinline__ void wxay_rowscale_split_ks_dev(const WxaySeg* __restrict__ table, int nseg,
+                                                           const uint8_t* __restrict__ a_codes,
+                                                           const float* __restrict__ a_scale, float* __restrict__ part,
+                                                           unsigned* __restrict__ counters) {
+    const int tile = blockIdx.x / (8 / W), slice = blockIdx.x % (8 / W);
+    int b = tile, s = 0;
+    while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
+    const WxaySeg seg = table[s];
+    const size_t n0 = (size_t)b * 16;
+    wxay_tile_ks<K, W>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, a_scale, seg.y + n0, slice,
+                       part + tile * 128, counters + tile);
+}
+
+template <int K, int W, int NSEG>
+__global__ void __launch_bounds__(32 * W, 16 / W) wxay_rowscale_split_ks(const __grid_constant__ WxaySegList<NSEG> segs,
+                                                                         const uint8_t* __restrict__ a_codes,
+                                                                         const float* __restrict__ a_scale,
+                                                                         float* __restrict__ part,
+                                                                         unsigned* __restrict__ counters) {
+    static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
+    wxay_rowscale_split_ks_dev<K, W>(segs.seg, NSEG, a_codes, a_scale, part, counters);
 }
 
 }  // namespace kbp

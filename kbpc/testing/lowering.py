@@ -15,10 +15,10 @@ from kbpc.ir.buffers import buffer_name
 
 
 @lru_cache(maxsize=8)
-def planned(path: str, target: str = "sm_90", fuse: bool = False) -> tuple[Plan, LowerCtx]:
+def planned(path: str, target: str = "sm_90", fuse: bool = False, numerics: str = "fast") -> tuple[Plan, LowerCtx]:
     """The planned blueprint and its lowering context; by default without the fusion pass, so a
     family's tests see the blueprint's own groups (fused forms are tested with fuse=True)."""
-    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse))
+    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse, numerics=numerics))
     return plan, LowerCtx(plan)
 
 

@@ -155,8 +155,8 @@ def test_w4a16_gemv(n, k):
     assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0], "w4a16_gemv")
 
 
-@pytest.mark.parametrize("k,ns", [(4096, (4096, 4096, 4096, 32, 32, 32)), (2176, (48, 4, 17))])
-def test_w4a16_segments(k, ns):
+def run_w4a16_segments(fn, ns, k, block, grid):
+    """Fresh x and weights of widths ns; fn(table, nseg, x) launched once; (x, weights, outputs)."""
     g = _gpu()
     x = bf16_input((k,))
     weights = [nvfp4_weight(n, k) for n in ns]
@@ -164,9 +164,16 @@ def test_w4a16_segments(k, ns):
     ys = [g.poisoned((n,), np.uint16) for n in ns]
     table = seg_table([(int(p.gpudata), int(s.gpudata), int(y.gpudata), float(sg), n)
                        for (p, s), y, (_, _, sg), n in zip(dev, ys, weights, ns)], W4A16_SEG)
+    fn(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(bf16_bits(x)).gpudata, block=block, grid=grid)
+    return x, weights, ys
+
+
+@pytest.mark.parametrize("k,ns", [(4096, (4096, 4096, 4096, 32, 32, 32)), (2176, (48, 4, 17))])
+def test_w4a16_segments(k, ns):
+    g = _gpu()
     mod = _module(w4a16_src(k), f"w4a16_{k}")
-    mod.get_function("w4seg")(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(bf16_bits(x)).gpudata,
-                              block=(256, 1, 1), grid=(sum((n + 15) // 16 for n in ns), 1))
+    x, weights, ys = run_w4a16_segments(mod.get_function("w4seg"), ns, k, (256, 1, 1),
+                                        (sum((n + 15) // 16 for n in ns), 1))
     want = ref_w4a16.w4a16_gemv_segments(x, weights)
     for i, (y, wv) in enumerate(zip(ys, want)):
         assert_bf16_equal(g.fetch(y, f"segment {i}"), wv[0], f"segment {i}")

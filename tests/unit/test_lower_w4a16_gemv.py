@@ -1,5 +1,6 @@
 """Lowering of w4a16_gemv groups on the tiny blueprint: the one-row GEMV, the segmented KDA
-projections (table passed by value) and the shared expert's two-phase pair."""
+projections (table passed by value) and the shared expert's two-phase pair, in numerics `exact`
+(the chunk-walk kernels) and `fast` (the FP16 tensor-core forms where the shape allows)."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,12 @@ RULES = {"glm_w4a16_gemv_1row", "glm_w4a16_pipe_kda_six_1row", "glm_w4a16_pipe_s
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
-    return planned(str(tiny_path))
+    return planned(str(tiny_path), numerics="exact")
+
+
+@pytest.fixture(scope="module")
+def tiny_fast(tiny_path):
+    return planned(str(tiny_path), numerics="fast")
 
 
 def _groups(plan, rule):
@@ -95,6 +101,44 @@ def test_shared_pair(tiny):
         assert phase0.args[8] == flt(plan.blueprint.config.constants.swiglu_limit)
         assert points_into(phase0.args[9], f"{down.id}.{ctx.output(down).id.rsplit('.', 1)[-1]}")
         assert phase0.args[10] == lit(n)
+
+
+def test_fast_forms(tiny_fast):
+    """numerics fast: one linear and segments on w4a16_mma (KS, T from mma_shape), same arguments;
+    the shared-expert pair keeps the exact kernel."""
+    plan, ctx = tiny_fast
+    for g in family_groups(plan, "w4a16_gemv"):
+        launches = w4a16_gemv.lower(ctx, g)
+        assert unwritten(plan, g, launches) == []
+        nodes = [plan.blueprint.node_by_id[n] for n in g.nodes]
+        if g.rule == "glm_w4a16_pipe_shared_1row":
+            assert all(l.instance.header == "w4a16_gemv.cuh" for l in launches)
+            continue
+        k = ctx.input(nodes[0]).dim_value
+        ns = [ctx.output(n).dim_value for n in nodes]
+        ks, t = w4a16_gemv.mma_shape(sum(-(-n // 16) for n in ns), k)
+        (launch,) = launches
+        assert launch.instance.header == "w4a16_mma.cuh" and launch.block == (32 * ks * t, 1, 1)
+        assert launch.grid == (sum(-(-n // (16 * t)) for n in ns), 1, 1)
+        if len(nodes) == 1:
+            assert launch.instance.kernel == f"kbp::w4a16_mma<{k}, {ks}, {t}>"
+            assert launch.args[3:] == (ctx.buf(ctx.input(nodes[0])), ctx.buf(ctx.output(nodes[0])), lit(ns[0]))
+        else:
+            assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}>"
+
+
+@pytest.mark.parametrize("tiles,k", [(512, 4096), (256, 8192), (1556, 4096), (1, 32), (8, 20480), (3000, 128)])
+def test_mma_shape(tiles, k):
+    ks, t = w4a16_gemv.mma_shape(tiles, k)
+    assert ks in (1, 2, 4, 8, 16) and ks <= max(1, -(-k // 128)) and t >= 1 and ks * t <= 16
+    assert tiles * ks <= max(w4a16_gemv.MMA_WARPS, tiles)
+
+
+def test_fast_falls_back_where_the_shape_does_not_fit(tiny_fast, monkeypatch):
+    plan, ctx = tiny_fast
+    monkeypatch.setattr(w4a16_gemv, "MMA_MAX_K", 16)
+    for g in family_groups(plan, "w4a16_gemv"):
+        assert all(l.instance.header == "w4a16_gemv.cuh" for l in w4a16_gemv.lower(ctx, g))
 
 
 def test_seed_projection_families(seed_path):

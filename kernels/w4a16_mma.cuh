@@ -1,0 +1,243 @@
+// w4a16_mma.cuh: NVFP4-weight x BF16-activation one-row GEMV on FP16 tensor cores: the `fast`
+// numerics form of family w4a16_gemv (mma.sync m16n8k16, FP32 accumulation; sm_80+).
+//
+// Weight format as w4a16_gemv.cuh (codes (N, K/2), E4M3 scales (N, K/16), FP32 tensor scale s_g).
+// Requirements: K % 32 == 0 (each lane loads 16 code bytes of a row), K <= W4A16F_MAX_K (x is
+// staged in static shared memory), KS in {1, 2, 4, 8, 16}; x 16-byte aligned. Any N >= 1.
+// x is staged once per CTA (~4 instructions per value of x), so T tiles amortize it.
+//
+// Entries (T 16-row tiles per CTA, KS warps per tile splitting K, no dynamic smem, T*KS <= 16):
+//   w4a16_mma<K, KS, T>(codes, scales, s_g, x, y, N)         grid = w4a16f_ctas(N, T), block = 32*KS*T
+//   w4a16_mma_seg_list<K, KS, T, NSEG>(segs, x)               grid = sum_s w4a16f_ctas(n_s, T)
+//       several projections of one input (W4A16SegList<NSEG> by value, as w4a16_gemv_seg_list).
+// Math (fast: a different accumulation order and precision point than the reference):
+//   w_nk = q_nk s_nj is exact in FP16 (<= 6 significant bits, |w| in [2^-10, 2688]); the kernel
+//   forms A = w * 2^-7 (exact, subnormals included) from the E2M1 bits placed as FP16 (q * 2^-14)
+//   times the scale s * 2^7 (exact); the activation row is scaled by a power of two 2^e chosen per
+//   CTA so that max|x| 2^e lies in [2^14, 2^15), then rounded to FP16 (exact unless |x| < max|x|
+//   2^-31; error <= 2^-25 2^-e otherwise). Warp w of KS takes the 128-wide K chunks c = w (mod KS);
+//   each chunk is 8 chained MMAs into the warp's FP32 accumulator (the MMA's internal order is
+//   unspecified); the KS warp partials are added in warp order and y = rn_bf16(f32(P 2^(7-e)) s_g).
+//   Bound (kbpc.reference.gemv_bounds.w4a16_mma_bound): |y - y_ref| <= c eps sum_k |w_nk x_k| + the
+//   BF16 roundings, c derived there from the chain lengths.
+// Layout: lane (g = lane/4, t = lane%4) loads 16 code bytes of rows g and g+8 per chunk (32 codes
+//   each: groups 2t, 2t+1). The k order inside an MMA is permuted identically for A and B: each
+//   code word (8 codes) becomes four FP16 pairs (n3,n7) (n1,n5) (n2,n6) (n0,n4), and the staged x
+//   holds the same pairs, so one 16-byte shared load gives B for two MMAs. Every lane holds the same
+//   B for its t, so all 8 D columns are equal and lane (g, 0) reads rows g and g+8 from d[0], d[2].
+// PDL: the first batch of code and scale loads is issued before pdl_wait(); x after it.
+// Entry points: the __global__ template, or its body <name>_dev<...> for a TU's own wrapper.
+#pragma once
+
+#include "kbp_common.cuh"
+#include "w4a16_gemv.cuh"
+
+namespace kbp {
+
+constexpr int W4A16F_MAX_K = 20480;  // x as FP16 pairs: 2.25 K bytes of static shared memory
+constexpr int W4A16F_BATCH = 4;      // chunks per warp whose code loads are in flight together
+// CTAs per SM the register allocation must allow: 16 warps per SM (<= 128 registers per thread),
+// enough loads in flight (two batches of 4 KB per warp) to cover the DRAM latency.
+#define W4A16F_MIN_CTAS(warps) ((warps) >= 16 ? 1 : 16 / (warps))
+
+// Shared-memory slot (uint4 units) of 8-value block b: one pad slot every 8 blocks, so the four
+// lanes t = 0..3 of a quad (64 bytes apart) hit distinct banks.
+__host__ __device__ constexpr int w4a16f_slot(int b) { return b + (b >> 3); }
+
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Two E4M3 scale bytes (low byte -> low half) as FP16 pairs, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t s) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(s));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t f32x2_to_f16x2(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+__device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                 uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Stage x (K BF16) as FP16 pairs times 2^e into xs, zero-padding to whole chunks; returns 2^-e.
+// All NT threads of the CTA call it (two barriers); `red` holds NT/32 floats.
+template <int K, int NT>
+__device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* __restrict__ x, uint4* xs, float* red) {
+    constexpr int NB = K / 8, NBP = (K + 127) / 128 * 16;
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    float m = 0.0f;
+#pragma unroll 4
+    for (int b = threadIdx.x; b < NB; b += NT) {  // pass 1: max |x|
+        const uint4 r = __ldg(x4 + b);
+        const uint32_t v[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            m = fmaxf(m, fmaxf(fabsf(__uint_as_float(v[j] << 16)), fabsf(__uint_as_float(v[j] & 0xffff0000u))));
+    }
+    m = warp_max_xor(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int w = 1; w < NT / 32; ++w) m = fmaxf(m, red[w]);
+    // max|x| in [2^E, 2^(E+1)) -> e = 14 - E (a zero or subnormal max takes the largest e).
+    const int be = (int)((__float_as_uint(m) >> 23) & 0xffu);
+    const int e = max(-126, min(126, 14 - (be - 127)));
+    const float f = __uint_as_float((uint32_t)(e + 127) << 23);
+#pragma unroll 4
+    for (int b = threadIdx.x; b < NBP; b += NT) {  // pass 2 (L1 hits): scale, round, pair, store
+        const uint4 r = b < NB ? __ldg(x4 + b) : make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t v[4] = {r.x, r.y, r.z, r.w};
+        float h[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            h[2 * j] = __fmul_rn(__uint_as_float(v[j] << 16), f);
+            h[2 * j + 1] = __fmul_rn(__uint_as_float(v[j] & 0xffff0000u), f);
+        }
+        // the pairs of e2m1x8_f16: (x3,x7) (x1,x5) (x2,x6) (x0,x4)
+        xs[w4a16f_slot(b)] = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
+                                        f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
+    }
+    __syncthreads();
+    return __uint_as_float((uint32_t)(127 - e) << 23);
+}
+
+// One warp's code and scale registers for W4A16F_BATCH chunks (rows g and g+8).
+struct W4A16FBatch {
+    uint4 c[W4A16F_BATCH][2];
+    uint16_t s[W4A16F_BATCH][2];
+};
+
+// Load chunks w + KS*(b0 + i): 16 code bytes and 2 scale bytes per row; zeros past K.
+template <int K, int KS>
+__device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* __restrict__ cg, const uint8_t* __restrict__ c8,
+                                            const uint8_t* __restrict__ sg, const uint8_t* __restrict__ s8,
+                                            int warp, int t, int b0) {
+    constexpr int NCH = (K + 127) / 128;
+#pragma unroll
+    for (int i = 0; i < W4A16F_BATCH; ++i) {
+        const int c = warp + KS * (b0 + i);
+        const bool ok = c < NCH && 128 * c + 32 * t < K;
+        const int off = 64 * c + 16 * t, soff = 8 * c + 2 * t;
+        r.c[i][0] = ok ? __ldcs(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.c[i][1] = ok ? __ldcs(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.s[i][0] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(sg + soff)) : (uint16_t)0;
+        r.s[i][1] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(s8 + soff)) : (uint16_t)0;
+    }
+}
+
+// The 8 MMAs of one chunk: code word i of rows g / g+8 (group i/2) against x blocks 16c + 4t + i.
+__device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_t (&sc)[2], const uint4* xs, int c,
+                                             int t, float (&d)[4]) {
+    constexpr uint32_t S128 = 0x58005800u;  // FP16 pair (128, 128)
+    const uint32_t sg2 = hmul2_u32(e4m3x2_to_f16x2(sc[0]), S128), s82 = hmul2_u32(e4m3x2_to_f16x2(sc[1]), S128);
+    const uint32_t wg[4] = {cw[0].x, cw[0].y, cw[0].z, cw[0].w};
+    const uint32_t w8[4] = {cw[1].x, cw[1].y, cw[1].z, cw[1].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t selg = __byte_perm(sg2, 0u, i < 2 ? 0x1010 : 0x3232);  // (s, s) of group i/2
+        const uint32_t sel8 = __byte_perm(s82, 0u, i < 2 ? 0x1010 : 0x3232);
+        uint32_t pg[4], p8[4];
+        e2m1x8_f16(wg[i], pg);
+        e2m1x8_f16(w8[i], p8);
+        const uint4 xb = xs[w4a16f_slot(16 * c + 4 * t + i)];
+        mma_f16_m16n8k16(d, hmul2_u32(pg[0], selg), hmul2_u32(p8[0], sel8), hmul2_u32(pg[1], selg),
+                         hmul2_u32(p8[1], sel8), xb.x, xb.y);
+        mma_f16_m16n8k16(d, hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8), hmul2_u32(pg[3], selg),
+                         hmul2_u32(p8[3], sel8), xb.z, xb.w);
+    }
+}
+
+// One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS
+// and the K chunks c = w % KS (mod KS); x is staged once for all of them.
+template <int K, int KS, int T>
+__device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                             float gscale, __nv_bfloat16* __restrict__ y, int N, int n0,
+                                             const __nv_bfloat16* __restrict__ x) {
+    static_assert(K % 32 == 0 && K <= W4A16F_MAX_K, "w4a16_mma: K % 32 == 0 and K <= W4A16F_MAX_K");
+    static_assert(KS == 1 || KS == 2 || KS == 4 || KS == 8 || KS == 16, "w4a16_mma: KS warps per tile");
+    static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
+    constexpr int NCH = (K + 127) / 128, PER = (NCH + KS - 1) / KS;
+    constexpr int NBATCH = (PER + W4A16F_BATCH - 1) / W4A16F_BATCH;
+    __shared__ uint4 xs[w4a16f_slot(NCH * 16)];
+    __shared__ float red[T * KS], part[T * KS][16];
+    const int warp = threadIdx.x >> 5, ks = warp % KS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = n0 + 16 * (warp / KS);
+    const size_t rg = (size_t)min(r0 + g, N - 1), r8 = (size_t)min(r0 + g + 8, N - 1);  // clamped: read, never stored
+    const uint8_t *cg = codes + rg * (K / 2), *c8 = codes + r8 * (K / 2);
+    const uint8_t *sg = scales + rg * (K / 16), *s8 = scales + r8 * (K / 16);
+    W4A16FBatch cur;
+    w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
+    pdl_wait();
+    const float unscale = w4a16f_stage_x<K, 32 * T * KS>(x, xs, red);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int b = 0; b < NBATCH; ++b) {
+        W4A16FBatch nxt;
+        if (b + 1 < NBATCH) w4a16f_load<K, KS>(nxt, cg, c8, sg, s8, ks, t, (b + 1) * W4A16F_BATCH);
+#pragma unroll
+        for (int i = 0; i < W4A16F_BATCH; ++i) {
+            const int c = ks + KS * (b * W4A16F_BATCH + i);
+            if (b * W4A16F_BATCH + i < PER && c < NCH) w4a16f_chunk(cur.c[i], cur.s[i], xs, c, t, d);  // warp-uniform
+        }
+        if (b + 1 < NBATCH) cur = nxt;
+    }
+    pdl_launch_dependents();
+    if (t == 0) { part[warp][g] = d[0]; part[warp][g + 8] = d[2]; }
+    __syncthreads();
+    const int tile = threadIdx.x >> 4, row = threadIdx.x & 15, n = n0 + 16 * tile + row;
+    if (tile < T && n < N) {
+        float p = part[tile * KS][row];
+#pragma unroll
+        for (int w = 1; w < KS; ++w) p = __fadd_rn(p, part[tile * KS + w][row]);
+        y[n] = f32_to_bf16(__fmul_rn(__fmul_rn(p, __fmul_rn(unscale, 128.0f)), gscale));
+    }
+}
+
+template <int K, int KS, int T>
+__device__ __forceinline__ void w4a16_mma_dev(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                              float gscale, const __nv_bfloat16* __restrict__ x,
+                                              __nv_bfloat16* __restrict__ y, int N) {
+    w4a16f_tiles<K, KS, T>(codes, scales, gscale, y, N, blockIdx.x * 16 * T, x);
+}
+
+template <int K, int KS, int T>
+__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma(const uint8_t* __restrict__ codes,
+                                                         const uint8_t* __restrict__ scales, float gscale,
+                                                         const __nv_bfloat16* __restrict__ x,
+                                                         __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_mma_dev<K, KS, T>(codes, scales, gscale, x, y, N);
+}
+
+__host__ __device__ constexpr int w4a16f_ctas(int n, int t) { return (n + 16 * t - 1) / (16 * t); }
+
+template <int K, int KS, int T>
+__device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* __restrict__ table, int nseg,
+                                                  const __nv_bfloat16* __restrict__ x) {
+    int b = blockIdx.x, s = 0;  // CTAs are handed out segment by segment, w4a16f_ctas(n, T) each
+    while (s < nseg - 1 && b >= w4a16f_ctas(table[s].n, T)) { b -= w4a16f_ctas(table[s].n, T); ++s; }
+    const W4A16Seg seg = table[s];
+    w4a16f_tiles<K, KS, T>(seg.codes, seg.scales, seg.gscale, seg.y, seg.n, b * 16 * T, x);
+}
+
+template <int K, int KS, int T, int NSEG>
+__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
+                                                                  const __nv_bfloat16* __restrict__ x) {
+    static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
+    w4a16_mma_seg_dev<K, KS, T>(segs.seg, NSEG, x);
+}
+
+}  // namespace kbp

@@ -1,0 +1,143 @@
+"""GPU tests of the `fast` W4A16 form (kernels/w4a16_mma.cuh: FP16 tensor cores) and of the exact
+chunk walk's two decode paths (kernels/w4a16_gemv.cuh), on fresh random inputs.
+
+Bound of the fast form (derived in kbpc/reference/gemv_bounds.py, checked per output):
+
+    |y_mma - y_ref| <= c u S_n + 2^-25 2^-e s_g sum_k |q_nk s_nk| + ulp_bf16(max(|y_mma|, |y_ref|))
+
+with u = 2^-24, S_n = sum_k |W_nk x_k| (W the dequantized weight) and c = 36 n + KS + c_ref:
+n = 8 ceil(ceil(K/128) / KS) chained m16n8k16 MMAs per warp, each erring by at most 36 u times the
+sum of its addends' magnitudes (17 addends aligned to the largest and truncated to >= 24 bits, the
+worst behaviour measured on tensor cores; the PTX ISA specifies none), KS - 1 ordered FP32 adds of
+the warp partials and one rounding by s_g; c_ref = 18 + ceil(K/1024) + 6 is the reference's own
+chain (16 FMAs per chunk, the scale product, the lane accumulator, the shuffle tree). The middle term
+is the activation's rounding to FP16 after the power-of-two scaling (zero unless |x_k| is below
+max|x| 2^-31). Beyond the bound, >= 90% of outputs must equal the reference's BF16 bits (the fast
+path is FP32-accurate, so only near-ties may round differently): a check that the kernel is not
+merely within a loose bound but computes the same dot product.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kbpc.reference import gemv_bounds
+from kbpc.reference import w4a16_gemv as ref_w4a16
+from kbpc.reference.formats import bf16_bits, bf16_from_bits, to_bf16
+
+from test_gpu_projections import (RNG, _gpu, _module, assert_bf16_equal, bf16_input, nvfp4_weight,
+                                  run_w4a16_segments)
+
+pytestmark = pytest.mark.gpu
+
+
+def mma_src(k, ks, t):
+    return f"""#include "w4a16_mma.cuh"
+extern "C" __global__ void __launch_bounds__({32 * ks * t}) m(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::w4a16_mma_dev<{k}, {ks}, {t}>(c, s, g, x, y, N); }}
+extern "C" __global__ void __launch_bounds__({32 * ks * t}) mseg(const kbp::W4A16Seg* tab, int n, const __nv_bfloat16* x) {{ kbp::w4a16_mma_seg_dev<{k}, {ks}, {t}>(tab, n, x); }}
+"""
+
+
+def ctas(n, t):
+    return -(-n // (16 * t))
+
+
+def assert_fast_bound(got_bits, x, weight, ks, what):
+    """The stated bound, per output, and >= 90% identical to the reference bits."""
+    packed, scales, sg = weight
+    want = ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0]
+    got = bf16_from_bits(got_bits.reshape(-1))
+    assert not np.isnan(got).any(), f"{what}: NaN"
+    bound = gemv_bounds.w4a16_mma_bound(x, packed, scales, sg, ks)
+    ok = gemv_bounds.within(got, want, bound)
+    bad = np.flatnonzero(~ok)
+    assert ok.all(), (f"{what}: {bad.size} outputs outside the bound, first {bad[:5]}: got {got[bad[:5]]} "
+                      f"want {want[bad[:5]]} bound {bound[bad[:5]]}")
+    same = np.mean(got_bits.reshape(-1) == bf16_bits(want))
+    assert same >= 0.9, f"{what}: only {same:.3f} of outputs equal the reference bits"
+
+
+def _run_mma(n, k, ks, t, x, weight):
+    g = _gpu()
+    packed, scales, sg = weight
+    mod = _module(mma_src(k, ks, t), f"w4a16_mma_{k}_{ks}_{t}")
+    y = g.poisoned((n,), np.uint16)
+    mod.get_function("m")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
+                          g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
+                          block=(32 * ks * t, 1, 1), grid=(ctas(n, t), 1))
+    return g.fetch(y)
+
+
+# K % 128 in {0, 32, 64, 96} (tail chunks), N not a multiple of 16 * T, every KS and several T.
+@pytest.mark.parametrize("n,k,ks,t", [(8192, 4096, 4, 2), (4096, 8192, 8, 1), (48, 2176, 2, 2), (3, 32, 1, 1),
+                                      (37, 1056, 4, 1), (129, 4160, 16, 1), (200, 96, 2, 4), (64, 20480, 8, 2)])
+def test_w4a16_mma(n, k, ks, t):
+    weight = nvfp4_weight(n, k)
+    x = bf16_input((k,))
+    assert_fast_bound(_run_mma(n, k, ks, t, x, weight), x, weight, ks, f"w4a16_mma {n}x{k} KS{ks} T{t}")
+
+
+@pytest.mark.parametrize("scale", [1e-30, 3e4, 1e12, 0.0])
+def test_w4a16_mma_activation_range(scale):
+    """The per-CTA power-of-two scaling: tiny, FP16-overflowing and huge activations, and all zeros;
+    plus one element far below the rest (rounded in FP16: the middle term of the bound)."""
+    n, k = 96, 1024
+    weight = nvfp4_weight(n, k)
+    x = bf16_input((k,), scale) if scale else np.zeros(k, np.float32)
+    x[7] = to_bf16(np.float32(scale * 1e-12))
+    assert_fast_bound(_run_mma(n, k, 4, 1, x, weight), x, weight, 4, f"w4a16_mma x*{scale}")
+
+
+@pytest.mark.parametrize("k,ns,ks,t", [(4096, (8192, 8192, 8192, 128, 64, 128), 4, 2), (2176, (48, 4, 17), 2, 1)])
+def test_w4a16_mma_segments(k, ns, ks, t):
+    g = _gpu()
+    mod = _module(mma_src(k, ks, t), f"w4a16_mma_{k}_{ks}_{t}")
+    x, weights, ys = run_w4a16_segments(mod.get_function("mseg"), ns, k, (32 * ks * t, 1, 1),
+                                        (sum(ctas(n, t) for n in ns), 1))
+    for i, (y, w) in enumerate(zip(ys, weights)):
+        assert_fast_bound(g.fetch(y, f"segment {i}"), x, w, ks, f"segment {i}")
+
+
+def test_w4a16_exact_big_activations():
+    """The exact chunk walk's slow decode (taken when some |x_k| >= 2^113, where x * 2^14 would
+    overflow) and its fast decode on the same weight: both bit-exact."""
+    from test_gpu_projections import w4a16_src  # noqa: PLC0415
+    g = _gpu()
+    n, k = 40, 2048
+    packed, scales, sg = nvfp4_weight(n, k)
+    mod = _module(w4a16_src(k), f"w4a16_{k}")
+    for big in (False, True):
+        x = bf16_input((k,), 1e-3)
+        if big:
+            x[RNG.integers(k)] = to_bf16(np.float32(2.0 ** 114))
+        y = g.poisoned((n,), np.uint16)
+        mod.get_function("w4")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
+                               g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
+                               block=(256, 1, 1), grid=((n + 15) // 16, 1))
+        assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0],
+                          f"w4a16_gemv big={big}")
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_w4a16_mma_through_the_product_launcher(tiny_path, pdl):
+    """The instance, grid and block the fast lowering picks for the tiny example's one-linear
+    groups, run through the product's launcher (kbpc.testing.launchers), with and without PDL."""
+    from kbpc.codegen.families import w4a16_gemv as lower_w4a16  # noqa: PLC0415
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    from kbpc.testing.lowering import family_groups, planned  # noqa: PLC0415
+    g = _gpu()
+    plan, ctx = planned(str(tiny_path), numerics="fast")
+    groups = [grp for grp in family_groups(plan, "w4a16_gemv") if len(grp.nodes) == 1]
+    assert groups
+    for grp in groups:
+        (launch,) = lower_w4a16.lower(ctx, grp)
+        assert launch.instance.header == "w4a16_mma.cuh"
+        node = plan.blueprint.node_by_id[grp.nodes[0]]
+        k, n = ctx.input(node).dim_value, ctx.output(node).dim_value
+        ks = int(launch.instance.kernel.split(",")[1])
+        weight = nvfp4_weight(n, k)
+        x = bf16_input((k,))
+        y = g.poisoned((n,), np.uint16)
+        launcher(launch.instance)(launch.grid, launch.block, g.to_gpu(weight[0]), g.to_gpu(weight[1]),
+                                  np.float32(weight[2]), g.to_gpu(bf16_bits(x)), y, n, smem=launch.smem, pdl=pdl)
+        assert_fast_bound(g.fetch(y), x, weight, ks, f"{node.id} through the launcher")
