@@ -119,6 +119,10 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
               help="exact: every kernel bit-exact against the reference interpreter; fast: projections and "
                    "attention may change accumulation order or precision point, each within a stated "
                    "bound (recorded in the signed manifest).")
+@click.option("--index-cache", type=click.Choice(["f32", "fp8"]), default="f32", show_default=True,
+              help="The DSA indexer's pool-key cache: FP32, or Walsh-Hadamard rotated E4M3 with a power-of-two "
+                   "scale per pool (a quarter of the bytes; recorded in the signed manifest, and the reference "
+                   "interpreter follows it).")
 @click.option("--fuse/--no-fuse", default=True, show_default=True,
               help="Merge groups across the blueprint's boundaries where a fused kernel form exists "
                    "(never changes the math).")
@@ -141,8 +145,8 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
               help="Write every pass's plan and the generated sources here.")
 @CONFIG_OPTION
 @reports_errors
-def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str, fuse: bool,
-                pdl: bool, key_path: Path | None,
+def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
+                index_cache: str, fuse: bool, pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None) -> None:
     """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign)."""
@@ -164,7 +168,8 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
             err.print(f"created a signing key: {key_path} (public keyring beside it)")
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
-                                             arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl),
+                                             arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
+                                             index_cache=index_cache),
                              signer=Signer.load(key_path), config=config_path, cache_dir=cache_dir,
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
                              dump_dir=dump_dir)

@@ -28,8 +28,10 @@ def load_weights(bp: Blueprint, source: str) -> dict[str, np.ndarray]:
 
 
 class ReferenceBackend:
-    def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int):
-        self.interpreter = Interpreter(bp, weights, max_context)
+    """`index_cache` is the compile option a bundle records (f32 | fp8): the reference follows it."""
+
+    def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int, index_cache: str = "f32"):
+        self.interpreter = Interpreter(bp, weights, max_context, index_cache=index_cache)
         self.vocab = bp.symbols.get("vocab") or weights[next(iter(weights))].shape[0]
 
     def step(self, token: int):

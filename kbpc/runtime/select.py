@@ -40,7 +40,7 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
             from kbpc.runtime.cuda_backend import CudaBackend
             cb = CudaBackend(bm, weights, context)
             return "cuda", cb, cb.vocab
-        bp = bm.blueprint
+        bp, index_cache = bm.blueprint, bm.index_cache
     else:
         can_build = shutil.which("nvcc") is not None
         if backend == "cuda" and not can_build:
@@ -53,8 +53,8 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: P
             cb = CudaBackend(load_bundle_model(path, trust_ring), weights, context)
             return "cuda", cb, cb.vocab
         from kbpc.frontend.load import load_blueprint
-        bp = load_blueprint(model, config)
-    ref = ReferenceBackend(bp, load_weights(bp, weights), context)
+        bp, index_cache = load_blueprint(model, config), "f32"
+    ref = ReferenceBackend(bp, load_weights(bp, weights), context, index_cache)
     return "reference", ref, ref.vocab
 
 

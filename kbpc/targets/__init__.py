@@ -14,19 +14,24 @@ class Target:
     gencode: tuple[str, ...]  # nvcc code-generation flags
     fp8_mma: bool             # mma.sync ... e4m3 (sm_89+)
     fp4_block_mma: bool       # mma.sync ... kind::mxf4nvf4.block_scale (sm_120a/121a/121f)
+    sms: int                  # streaming multiprocessors of the reference part (grids that fill the GPU)
 
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("sm_90", "H100 / H200 (Hopper)",
-               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False),
+               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False,
+               sms=132),
         Target("sm_100", "B200 / GB200 (Blackwell datacenter)",
-               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False),
+               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False,
+               sms=148),
         Target("sm_120", "RTX Blackwell (consumer)",
-               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True),
+               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True,
+               sms=170),
         Target("sm_121", "GB10 (DGX Spark)",
-               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True),
+               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True,
+               sms=48),
     )
 }
 
