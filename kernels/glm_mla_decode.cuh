@@ -72,12 +72,38 @@ __host__ __device__ constexpr int mla_split_groups_per_chunk(int e, int g) {
     return 16384 / (g * e) >= MLA_SPLIT_WARPS ? MLA_SPLIT_WARPS : 16384 / (g * e);
 }
 
+template <int HPC>
+struct alignas(HPC >= 4 ? 16 : 4 * HPC) MlaFactors {
+    float h[HPC];
+};
+
+// The factors of one entry for the CTA's heads, in one shared-memory vector load where it fits.
+template <int HPC>
+__device__ __forceinline__ MlaFactors<HPC> mla_load_factors(const MlaFactors<HPC>& f) {
+    MlaFactors<HPC> r;
+    if constexpr (HPC % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < HPC; i += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(f.h + i);
+            r.h[i] = v.x; r.h[i + 1] = v.y; r.h[i + 2] = v.z; r.h[i + 3] = v.w;
+        }
+    } else if constexpr (HPC == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(f.h);
+        r.h[0] = v.x; r.h[1] = v.y;
+    } else {
+        r.h[0] = f.h[0];
+    }
+    return r;
+}
+
 template <int E, int G, int HPC>
 struct MlaSplitSmem {
     static constexpr int NC = mla_split_groups_per_chunk(E, G) * G;   // entries per chunk
     alignas(16) uint8_t lat[2][NC][E];                                 // staged latent rows
+    int rows[MLA_SPLIT_THREADS];                                       // cache rows of a batch, -1 skipped
     int valid[2][NC];
-    float z[HPC][NC], a[HPC][NC], p[HPC][NC];                          // [head in CTA][entry]
+    float z[HPC][NC];                                                  // [head in CTA][entry]
+    MlaFactors<HPC> a[NC], p[NC];                                      // [entry]: one vector load per entry
     float m[HPC], l[HPC], fa[HPC], fb[HPC];
     int flag;
 };
@@ -132,19 +158,21 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     sel += (size_t)r * width;
     const int groups = (width + G - 1) / G;
     const int my_groups = w < groups ? (groups - w + V - 1) / V : 0;
-    const int chunks = (my_groups + GPC - 1) / GPC;
 
-    // Stage chunk c: entry jj = (this warp's group GPC c + jj / G) * G + jj % G.
-    auto stage = [&](int c) {
-        const int buf = c & 1, jj = t / TPE, part = t % TPE;
-        const int gi = GPC * c + jj / G;
-        const int e = (w + V * gi) * G + jj % G;
+    // Entry x of this CTA's list (x = G * (its group index) + position in the group) is selection
+    // entry (w + V * (x / G)) * G + x % G. Rows are looked up a batch of MLA_SPLIT_THREADS entries
+    // at a time (one per thread; the seed's lists fit in one), then staged chunk by chunk.
+    auto lookup = [&](int x) -> int {
+        const int gi = x / G, e = (w + V * gi) * G + x % G;
         const int id = gi < my_groups && e < width ? sel[e] : -1;
-        const bool ok = id >= 0 && id < seq_len;
-        if (part == 0) sm.valid[buf][jj] = ok;
-        if (ok) {
-            const size_t row = (size_t)block_table[id / page_size] * page_size + id % page_size;
-            const uint8_t* src = cache + row * E;
+        return id >= 0 && id < seq_len ? block_table[id / page_size] * page_size + id % page_size : -1;
+    };
+    auto stage = [&](int c) {   // chunk c of the current batch
+        const int buf = c & 1, jj = t / TPE, part = t % TPE;
+        const int row = sm.rows[c * NC + jj];
+        if (part == 0) sm.valid[buf][jj] = row >= 0;
+        if (row >= 0) {
+            const uint8_t* src = cache + (size_t)row * E;
 #pragma unroll
             for (int i = 0; i < CPE / TPE; ++i) {
                 const int off = 16 * (part + TPE * i);
@@ -177,84 +205,91 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     float m_run = -INFINITY;   // warps h < HPC: head h's running max
     float l_run = 0.0f;        // threads h < HPC: head h's running sum
 
-    if (chunks > 0) stage(0);
-    for (int c = 0; c < chunks; ++c) {
-        const int buf = c & 1;
-        if (c + 1 < chunks) {
-            stage(c + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+    for (int batch = 0; batch < my_groups * G; batch += MLA_SPLIT_THREADS) {
+        const int chunks = (min(MLA_SPLIT_THREADS, my_groups * G - batch) + NC - 1) / NC;
+        __syncthreads();   // the previous batch's rows are no longer read
+        sm.rows[t] = lookup(batch + t);
         __syncthreads();
-        // Dots: warp `warp` takes group `warp` of the chunk (entries warp*G .. warp*G + G - 1).
-        if (warp < GPC) {
-            float part[SLOTS];
+        stage(0);
+        for (int c = 0; c < chunks; ++c) {
+            const int buf = c & 1;
+            if (c + 1 < chunks) {
+                stage(c + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            // Dots: warp `warp` takes group `warp` of the chunk (entries warp*G .. warp*G + G - 1).
+            if (warp < GPC) {
+                float part[SLOTS];
 #pragma unroll
-            for (int j = 0; j < G; ++j) {
-                const int jj = warp * G + j;
-                if (sm.valid[buf][jj]) {
+                for (int j = 0; j < G; ++j) {
+                    const int jj = warp * G + j;
+                    if (sm.valid[buf][jj]) {
 #pragma unroll
-                    for (int i = 0; i < CH; ++i) {
-                        float v[16];
-                        mla_decode16(*reinterpret_cast<const uint4*>(&sm.lat[buf][jj][16 * (lane + 32 * i)]), s_k, v);
+                        for (int i = 0; i < CH; ++i) {
+                            float v[16];
+                            mla_decode16(*reinterpret_cast<const uint4*>(&sm.lat[buf][jj][16 * (lane + 32 * i)]), s_k, v);
 #pragma unroll
-                        for (int h = 0; h < HPC; ++h)
+                            for (int h = 0; h < HPC; ++h)
 #pragma unroll
-                            for (int k = 0; k < 16; ++k) {
-                                const float prod = qf[h][i][k] * v[k];
-                                part[h * G + j] = (i == 0 && k == 0) ? prod : part[h * G + j] + prod;
-                            }
+                                for (int k = 0; k < 16; ++k) {
+                                    const float prod = qf[h][i][k] * v[k];
+                                    part[h * G + j] = (i == 0 && k == 0) ? prod : part[h * G + j] + prod;
+                                }
+                        }
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < HPC; ++h) part[h * G + j] = 0.0f;
                     }
-                } else {
-#pragma unroll
-                    for (int h = 0; h < HPC; ++h) part[h * G + j] = 0.0f;
                 }
+                const float dot = transpose_reduce<SLOTS>(part, lane);   // lanes 32s/SLOTS.. hold slot s
+                const int s = lane / (32 / SLOTS);
+                if (lane % (32 / SLOTS) == 0) sm.z[s / G][warp * G + s % G] = dot * scale;
             }
-            const float dot = transpose_reduce<SLOTS>(part, lane);   // lanes 32s/SLOTS.. hold slot s
-            const int s = lane / (32 / SLOTS);
-            if (lane % (32 / SLOTS) == 0) sm.z[s / G][warp * G + s % G] = dot * scale;
+            __syncthreads();
+            // Factors: warp h < HPC, lane j = entry j of the chunk (lanes >= NC act as skipped entries).
+            if (warp < HPC) {
+                const bool ok = lane < NC && sm.valid[buf][lane];
+                const float z = ok ? sm.z[warp][lane] : -INFINITY;
+                float incl = z;   // prefix max over the chunk (exact in any order)
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) {
+                    const float u = __shfl_up_sync(0xffffffffu, incl, off);
+                    if (lane >= off) incl = fmaxf(incl, u);
+                }
+                const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+                const float prev = fmaxf(m_run, lane == 0 ? -INFINITY : before);   // m before entry j
+                float a = 1.0f, p = 0.0f;
+                if (ok) {
+                    if (z > prev) { a = kbp::exp_f32(prev - z); p = 1.0f; }   // p = exp(0)
+                    else { p = kbp::exp_f32(z - prev); }                       // a = exp(0)
+                }
+                if (lane < NC) {
+                    sm.a[lane].h[warp] = a;
+                    sm.p[lane].h[warp] = p;
+                }
+                m_run = fmaxf(m_run, __shfl_sync(0xffffffffu, incl, 31));
+            }
+            __syncthreads();
+            // Sequential updates, entry by entry, for this thread's channels (and l for t < HPC).
+            for (int j = 0; j < NC; ++j) {
+                if (!sm.valid[buf][j]) continue;
+                float v[CPT];
+#pragma unroll
+                for (int cc = 0; cc < CPT; ++cc) v[cc] = e4m3_to_f32(sm.lat[buf][j][t * CPT + cc]) * s_k;
+                const MlaFactors<HPC> a = mla_load_factors(sm.a[j]), p = mla_load_factors(sm.p[j]);
+#pragma unroll
+                for (int h = 0; h < HPC; ++h)
+#pragma unroll
+                    for (int cc = 0; cc < CPT; ++cc) o[h][cc] = o[h][cc] * a.h[h] + p.h[h] * v[cc];
+#pragma unroll
+                for (int h = 0; h < HPC; ++h)
+                    if (t == h) l_run = l_run * a.h[h] + p.h[h];
+            }
+            __syncthreads();   // the chunk's buffer is restaged two chunks on
         }
-        __syncthreads();
-        // Factors: warp h < HPC, lane j = entry j of the chunk (lanes >= NC act as skipped entries).
-        if (warp < HPC) {
-            const bool ok = lane < NC && sm.valid[buf][lane];
-            const float z = ok ? sm.z[warp][lane] : -INFINITY;
-            float incl = z;   // prefix max over the chunk (exact in any order)
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float u = __shfl_up_sync(0xffffffffu, incl, off);
-                if (lane >= off) incl = fmaxf(incl, u);
-            }
-            const float before = __shfl_up_sync(0xffffffffu, incl, 1);
-            const float prev = fmaxf(m_run, lane == 0 ? -INFINITY : before);   // m before entry j
-            float a = 1.0f, p = 0.0f;
-            if (ok) {
-                if (z > prev) { a = kbp::exp_f32(prev - z); p = 1.0f; }   // p = exp(0)
-                else { p = kbp::exp_f32(z - prev); }                       // a = exp(0)
-            }
-            if (lane < NC) {
-                sm.a[warp][lane] = a;
-                sm.p[warp][lane] = p;
-            }
-            m_run = fmaxf(m_run, __shfl_sync(0xffffffffu, incl, 31));
-        }
-        __syncthreads();
-        // Sequential updates, entry by entry, for this thread's channels (and l for t < HPC).
-        for (int j = 0; j < NC; ++j) {
-            if (!sm.valid[buf][j]) continue;
-            float v[CPT];
-#pragma unroll
-            for (int cc = 0; cc < CPT; ++cc) v[cc] = e4m3_to_f32(sm.lat[buf][j][t * CPT + cc]) * s_k;
-#pragma unroll
-            for (int h = 0; h < HPC; ++h) {
-                const float a = sm.a[h][j], p = sm.p[h][j];
-#pragma unroll
-                for (int cc = 0; cc < CPT; ++cc) o[h][cc] = o[h][cc] * a + p * v[cc];
-            }
-            if (t < HPC) l_run = l_run * sm.a[t][j] + sm.p[t][j];
-        }
-        __syncthreads();   // the chunk's buffer is restaged two chunks on
     }
 
     // Merge tree across the V CTAs of (hg, row): levels stride = V/2 .. 1.

@@ -51,6 +51,25 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     return launches
 
 
+def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
+    return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}, {_cbool(fp8)}>",
+                          STORE_PARAMS)
+
+
+def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool) -> KernelInstance:
+    return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_select<{heads}, {d}, {kp}, "
+                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}>", SELECT_PARAMS)
+
+
+def select_blocks(target: str, capacity_pools: int) -> int:
+    """One CTA per SM, but no more than the context's 32-pool chunks (each CTA scores whole chunks)."""
+    return max(1, min(get_target(target).sms, -(-capacity_pools // SELECT_CHUNK)))
+
+
+def _cbool(v: bool) -> str:
+    return "true" if v else "false"
+
+
 def _fp8(ctx: LowerCtx) -> bool:
     return ctx.plan.options.index_cache == "fp8"
 
@@ -87,9 +106,7 @@ def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     rows = state_buffer(ctx, f"{node.id}.tail_keys").shape[0]
     if rows % kp:
         raise LoweringError(f"tail rows {rows} are not whole pools of {kp}", f"node {node.id}")
-    fp8 = "true" if _fp8(ctx) else "false"
-    inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}, {fp8}>",
-                          STORE_PARAMS)
+    inst = store_instance(d, kp, _fp8(ctx))
     args = (ctx.buf(key), ctx.buf(gate), ctx.weight(node, "slot_bias", ctype="float"),
             ctx.state(f"{node.id}.tail_keys", BF), ctx.state(f"{node.id}.tail_gates", BF), lit(rows),
             *_pool_args(ctx, node.id), StepInput("POS"))
@@ -112,12 +129,8 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     capacity = state_buffer(ctx, scores).shape[0]
     if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
-    # One CTA per SM, but no more than the context's 32-pool chunks (each CTA scores whole chunks).
-    blocks = max(1, min(get_target(ctx.plan.options.target).sms, -(-capacity // SELECT_CHUNK)))
-    fp8 = "true" if _fp8(ctx) else "false"
-    inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh",
-                          f"kbp::dsa_index_select<{heads}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}>",
-                          SELECT_PARAMS)
+    blocks = select_blocks(ctx.plan.options.target, capacity)
+    inst = select_instance(heads, d, kp, topk, _fp8(ctx))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
             ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))

@@ -31,6 +31,11 @@ def heads_per_cta(heads: int) -> int:
     return hpc
 
 
+def decode_instance(latent: int, hpc: int) -> KernelInstance:
+    return KernelInstance("glm_mla_decode", "glm_mla_decode.cuh",
+                          f"kbp::glm_mla_decode_split<{latent}, {ORDER_WARPS}, {ORDER_GROUP}, {hpc}>", PARAMS)
+
+
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     node = ctx.node(group, "mla_attention")
     q, sel, out = ctx.input(node, op="linear"), ctx.input(node, op="index_select"), ctx.output(node)
@@ -48,8 +53,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         raise LoweringError(f"merge state {merge.shape} / {counters.shape} does not fit {rows} rows of {heads} "
                             f"heads", where)
     width = buffer_elements(ctx.bp, sel)   # token ids per row, as the indexer wrote them
-    inst = KernelInstance("glm_mla_decode", "glm_mla_decode.cuh",
-                          f"kbp::glm_mla_decode_split<{e}, {ORDER_WARPS}, {ORDER_GROUP}, {hpc}>", PARAMS)
+    inst = decode_instance(e, hpc)
     args = (ctx.buf(q), ctx.state(f"{writer.id}.latent_cache", "uint8_t"),
             ctx.state(f"{writer.id}.block_table", "int32_t"), lit(ctx.c.latent_page_tokens),
             ctx.buf(sel, "int32_t"), lit(width), StepInput("SEQ"), ctx.weight_value(writer, "k_scale"), ctx.buf(out),
