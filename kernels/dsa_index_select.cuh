@@ -57,6 +57,22 @@ struct DsaSelectSmem {
     int last;
 };
 
+// Warp-aggregated shared-memory atomics (many lanes hit the same word in the selection's passes):
+// a slot of an append counter for each calling lane, and a histogram increment.
+__device__ __forceinline__ uint32_t dsa_append_slot(uint32_t* count) {
+    const unsigned active = __activemask();
+    const int lane = threadIdx.x & 31, leader = __ffs(active) - 1;
+    uint32_t base = 0;
+    if (lane == leader) base = atomicAdd(count, (uint32_t)__popc(active));
+    base = __shfl_sync(active, base, leader);
+    return base + (uint32_t)__popc(active & ((1u << lane) - 1u));
+}
+__device__ __forceinline__ void dsa_hist_add(uint32_t* h, uint32_t bin) {
+    const unsigned active = __activemask();
+    const unsigned peers = __match_any_sync(active, bin);
+    if ((peers & ((1u << (threadIdx.x & 31)) - 1u)) == 0) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+}
+
 // Warp 0 picks the digit d of an nb-bin histogram (nb <= 256) with above(d) < kk <= above(d) +
 // h[d], above(d) = sum of the bins above d; writes d and above(d) to the shared slots.
 __device__ __forceinline__ void dsa_pick_digit(const uint32_t* h, int nb, uint32_t kk, uint32_t* digit,
@@ -96,7 +112,7 @@ __device__ unsigned long long dsa_radix_select(Each each, unsigned long long pre
         for (int i = threadIdx.x; i < 256; i += blockDim.x) h[i] = 0;
         __syncthreads();
         each([&](unsigned long long x) {
-            if (top == 64 || (x >> top) == (prefix >> top)) atomicAdd(&h[(x >> shift) & (nb - 1)], 1u);
+            if (top == 64 || (x >> top) == (prefix >> top)) dsa_hist_add(h, (uint32_t)((x >> shift) & (nb - 1)));
         });
         __syncthreads();
         if (threadIdx.x < 32) dsa_pick_digit(h, nb, kk, digit, above);
@@ -108,6 +124,35 @@ __device__ unsigned long long dsa_radix_select(Each each, unsigned long long pre
         top = shift;
         if (cnt == kk || top == 0) return prefix;
     }
+}
+
+// Visit (score, index) for every score of scores[0, n) (written by other CTAs: read from L2),
+// with 16 loads per thread in flight (a single CTA scans up to 131072 pools). scores is 16-byte
+// aligned (a state buffer).
+template <typename Fn>
+__device__ __forceinline__ void dsa_for_each_score(const float* __restrict__ scores, int n, Fn fn) {
+    constexpr int U = 4;   // float4 loads per thread per batch
+    const int tid = threadIdx.x, nt = blockDim.x, n4 = n / 4;
+    const float4* s4 = reinterpret_cast<const float4*>(scores);
+    for (int base = 0; base < n4; base += U * nt) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * nt + tid;
+            if (i < n4) v[u] = __ldcg(s4 + i);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * nt + tid;
+            if (i < n4) {
+                fn(v[u].x, 4 * i);
+                fn(v[u].y, 4 * i + 1);
+                fn(v[u].z, 4 * i + 2);
+                fn(v[u].w, 4 * i + 3);
+            }
+        }
+    }
+    for (int i = 4 * n4 + tid; i < n; i += nt) fn(__ldcg(scores + i), i);
 }
 
 // Exclusive suffix sum over the block of one value per thread (sum over the threads above).
@@ -251,7 +296,7 @@ __device__ __forceinline__ void dsa_index_select_body(
 #pragma unroll 8
             for (int h = 0; h < H; ++h) acc = acc + sm.p1.terms[tid][h];
             scores[start + tid] = acc;
-            atomicAdd(&sm.hist[dsa_score_key(acc) >> (32 - BITS)], 1u);
+            dsa_hist_add(sm.hist, dsa_score_key(acc) >> (32 - BITS));
         }
         __syncthreads();   // the staging buffer and the terms are free again
     }
@@ -283,11 +328,10 @@ __device__ __forceinline__ void dsa_index_select_body(
         __syncthreads();
         const uint32_t bin = sm.bin, n_gt = sm.n_gt, need = (uint32_t)k - n_gt;
         const bool fits = n_gt + sm.hist[bin] <= (uint32_t)CAND;
-        for (int i = tid; i < n; i += T) {
-            const float s = __ldcg(scores + i);
+        dsa_for_each_score(scores, n, [&](float s, int i) {
             const uint32_t b = dsa_score_key(s) >> (32 - BITS);
-            if (b > bin || (fits && b == bin)) sm.rank[atomicAdd(&sm.count, 1u)] = dsa_rank_key(s, i);
-        }
+            if (b > bin || (fits && b == bin)) sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
+        });
         __syncthreads();
         unsigned long long thr = 1;   // take every gathered key >= thr
         if (fits) {
@@ -297,14 +341,13 @@ __device__ __forceinline__ void dsa_index_select_body(
                                        0ull, 64, (uint32_t)k, sm.hist, &sm.digit, &sm.above);
         } else {   // the bin overflows shared memory: select inside it over the scores in memory
             auto in_bin = [&](auto fn) {
-                for (int i = tid; i < n; i += T) {
-                    const float s = __ldcg(scores + i);
+                dsa_for_each_score(scores, n, [&](float s, int i) {
                     if (dsa_score_key(s) >> (32 - BITS) == bin) fn(dsa_rank_key(s, i));
-                }
+                });
             };
             const unsigned long long t_in = dsa_radix_select(in_bin, (unsigned long long)bin << (64 - BITS),
                                                              64 - BITS, need, sm.hist, &sm.digit, &sm.above);
-            in_bin([&](unsigned long long x) { if (x >= t_in) sm.rank[atomicAdd(&sm.count, 1u)] = x; });
+            in_bin([&](unsigned long long x) { if (x >= t_in) sm.rank[dsa_append_slot(&sm.count)] = x; });
             __syncthreads();
         }
         // Compact the k selected keys (any order) into the top NSORT slots, which candidates never use.
@@ -315,7 +358,7 @@ __device__ __forceinline__ void dsa_index_select_body(
         const int m = (int)sm.count;
         for (int i = tid; i < m; i += T) {
             const unsigned long long x = sm.rank[i];
-            if (x >= thr) out[atomicAdd(&sm.count2, 1u)] = x;
+            if (x >= thr) out[dsa_append_slot(&sm.count2)] = x;
         }
         __syncthreads();
         pick = out[tid];
