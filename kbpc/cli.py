@@ -79,10 +79,13 @@ def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | Non
 @click.option("--preset", type=click.Choice(["tiny"]), default=None,
               help="Toy sizes for the blueprint's engine family, every template kept once; "
                    "--set and --layers override the preset.")
+@click.option("--like", "like_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A checkpoint's config.json: its sizes and layer sequence (seed layers of the same "
+                   "kinds, in order); --set overrides its sizes.")
 @CONFIG_OPTION
 @reports_errors
 def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pattern: str | None,
-           preset: str | None, config_path: Path | None) -> None:
+           preset: str | None, like_path: Path | None, config_path: Path | None) -> None:
     """Write the same architecture at other sizes: a valid blueprint of the same schema with
     nodes, edges, groups, collapsed templates, dims and bytes rewritten consistently."""
     from kbpc.frontend.load import load_blueprint
@@ -98,11 +101,41 @@ def shrink(blueprint: Path, output: Path, assignments: tuple[str, ...], layer_pa
             raise KbpcError(f"preset {preset!r} has no sizes for engine {bp.config.engine!r}", "--preset")
         values.update(chosen["symbols"])
         layer_pattern = layer_pattern or chosen["layers"]
+    layers = None
+    if like_path is not None:
+        from kbpc.tools.shrink_like import like_layers, like_symbols, read_like
+        if preset or layer_pattern:
+            raise KbpcError("--like sets the sizes and layers; drop --preset and --layers", "--like")
+        hf = read_like(bp, like_path)
+        values.update(like_symbols(bp, hf))
+        layers = like_layers(bp, hf)
     values.update(parse_assignments(assignments))
-    doc = shrink_blueprint(bp, values, select_layers(bp, layer_pattern))
+    doc = shrink_blueprint(bp, values, layers if layers is not None else select_layers(bp, layer_pattern))
     write_text_atomic(output, json.dumps(doc, indent=1) + "\n")
     click.echo(f"wrote {output}: {len(doc['layers'])} layers, {len(doc['nodes'])} nodes, "
                f"{len(doc['edges'])} edges, {len(doc['groups'])} groups")
+
+
+@main.command("convert")
+@click.argument("checkpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="New folder for the converted weights (written whole or not at all).")
+@click.option("--blueprint", "blueprint", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The blueprint the weights are for (its node names, shapes and formats).")
+@click.option("--shard-mb", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Largest safetensors shard to write, in MB.")
+@CONFIG_OPTION
+@reports_errors
+def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, config_path: Path | None) -> None:
+    """Convert a Hugging Face checkpoint folder (ModelOpt NVFP4 export) once into the blueprint's
+    weights (MLA absorption, expert stacking, conventions), recording the source files' hashes;
+    use the output folder as --weights."""
+    from kbpc.weights.convert import convert
+
+    record = convert(blueprint, checkpoint, output, config_path, shard_mb << 20)
+    click.echo(f"wrote {output}: {sum(s['tensors'] for s in record['shards'])} tensors in "
+               f"{len(record['shards'])} shard(s), {sum(s['bytes'] for s in record['shards']) / 1e6:.1f} MB, "
+               f"from {len(record['source']['files'])} source files")
 
 
 @main.command("compile")
@@ -212,13 +245,22 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Maximum context in tokens (default: prompt + new tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--logits", "logits_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every position's logits, prompt positions included, as a float32 "
+                   "positions x vocab .npy file (written atomically).")
+@click.option("--no-act-quant", is_flag=True,
+              help="Debugging aid for the reference backend: keep activations in BF16/FP32 where the "
+                   "blueprint quantizes them to NVFP4 or FP8 (never the default).")
 @TRUST_OPTION
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
-        context: int | None, as_json: bool, trust_path: Path | None, config_path: Path | None) -> None:
+        context: int | None, as_json: bool, logits_path: Path | None, no_act_quant: bool,
+        trust_path: Path | None, config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
-    or a blueprint JSON for the reference backend) and report the ids and tokens/s."""
+    or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
+    takes synthetic:SEED, a safetensors checkpoint in kbpc's names, or a Hugging Face checkpoint
+    folder (ModelOpt NVFP4 export), whose config.json then sets the model config."""
     from rich.progress import Progress
 
     from kbpc.runtime.generate import check_prompt, generate
@@ -226,12 +268,17 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
 
     prompt = _parse_ids(prompt_ids)
     ctx = context or len(prompt) + max_new_tokens
-    chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path)
+    chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path,
+                                               act_quant=not no_act_quant)
     check_prompt(prompt, vocab)
     steps = len(prompt) + max_new_tokens - 1
+    rows: list = []
     with Progress(transient=True, disable=as_json or steps < 8) as progress:
         task = progress.add_task(f"decoding ({chosen} backend)", total=steps)
-        result = generate(step_backend, prompt, max_new_tokens, on_token=lambda _: progress.advance(task))
+        result = generate(step_backend, prompt, max_new_tokens, on_token=lambda _: progress.advance(task),
+                          on_logits=rows.append if logits_path else None)
+    if logits_path is not None:
+        _write_logits(logits_path, rows)
     summary = {"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -241,6 +288,19 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
                f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {result.logits_sha256[:16]}")
+
+
+def _write_logits(path: Path, rows: list) -> None:
+    import io
+
+    import numpy as np
+
+    from kbpc.util.atomic import atomic_writer
+
+    buf = io.BytesIO()
+    np.save(buf, np.stack(rows).astype(np.float32))
+    with atomic_writer(path) as fh:
+        fh.write(buf.getvalue())
 
 
 @main.command()

@@ -8,15 +8,14 @@ specs, the expected checkpoint (lite) and the toolchain."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from kbpc import __version__
-from kbpc.build.library import BuildResult, build_library
-from kbpc.build.nvcc import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.library import BuildResult, build_library
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.bundle.container import Member, write_bundle
 from kbpc.bundle.keys import Signer
 from kbpc.bundle.manifest import canonical_json
@@ -27,7 +26,10 @@ from kbpc.ir.plan import Options, Plan
 from kbpc.passes import run_pipeline
 from kbpc.report.fusion import FusionReport, fusion_report
 from kbpc.targets import get_target
+from kbpc.util.hashing import sha256_file
 from kbpc.weights.checkpoint import open_checkpoint
+from kbpc.weights.convert import converted_config
+from kbpc.weights.hf_checkpoint import bind, is_hf_folder
 
 LIB_PATH = "lib/rank0/libkbp.so"
 
@@ -58,7 +60,13 @@ class CompileResult:
 def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda s: None,
                    on_object: Callable[[str, bool], None] | None = None) -> CompileResult:
     on_stage("front end")
-    bp = load_blueprint(req.blueprint, req.config)
+    config = req.config or converted_config(req.weights)   # `kbpc convert` output carries its model config
+    bp = load_blueprint(req.blueprint, config)
+    if req.weights is not None and is_hf_folder(req.weights):
+        if req.embed_weights:
+            raise KbpcError("a Hugging Face checkpoint folder is converted, not embedded: run kbpc convert "
+                            "first and embed its output", str(req.weights))
+        bp, _ = bind(bp, Path(req.weights), config)   # its config.json sets the model config
     on_stage("passes")
     plan = run_pipeline(bp, req.options, verify=req.verify, dump_dir=req.dump_dir)
     on_stage("code generation")
@@ -128,14 +136,6 @@ def _checkpoint_files(source: Path) -> list[Path]:
     return files
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,
               fusion: FusionReport) -> dict:
     bp = plan.blueprint
@@ -160,7 +160,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
     }
     if req.weights is not None:
         files = _checkpoint_files(req.weights)
-        open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
-        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+        if not is_hf_folder(req.weights):   # (a checkpoint folder was checked by `bind`)
+            open_checkpoint(req.weights)   # refuse a file that is not a checkpoint before signing it
+        manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                   for f in files]
     return manifest

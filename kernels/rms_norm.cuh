@@ -22,6 +22,13 @@
 //   butterfly warp shuffle (offsets 16..1), then the per-warp sums (zero-padded to 32 lanes) by a
 //   second butterfly (kbpc.reference.f32ops.warp_block_sum).
 //   r = rsqrtf(ss / D + eps);  y_i = rn_bf16((x_i * r) * w_i),  w_i = 1 + gamma_i or gamma_i.
+//   kbp::rms_norm_quant_fp8<D, THREADS, ONE_PLUS>(x, x_stride, weight, eps, y, y_stride, q, s)
+//     The norm-only form followed by the per-token FP8 quantization of its output
+//     (explain.families.w8a8_act_quant, as w8a8_act_quant_row computes it): grid = (rows), block =
+//     (THREADS); y (the BF16 normed row) may be nullptr when nothing else reads it; q is the
+//     [rows][D] E4M3 codes, s the [rows] FP32 scales. The normed values stay in registers: the
+//     quantizer sees exactly the BF16 values y holds. max|v| is order-free, so the scale and the
+//     codes equal the standalone quantizer's whatever the block size.
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
 #pragma once
@@ -30,6 +37,7 @@
 #include <stdint.h>
 
 #include "kbp_common.cuh"
+#include "w8a8_act_quant.cuh"
 
 namespace kbp {
 
@@ -115,6 +123,72 @@ rms_norm(__nv_bfloat16* x, long x_stride, long x_group_stride,
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_dev<D, THREADS, ONE_PLUS, MODE>(x, x_stride, x_group_stride, s, s_stride, residual,
         residual_stride, weight, eps, y, y_stride, y_group_stride);
+}
+
+// Norm-only RMSNorm of row blockIdx.x, then its per-token FP8 quantization (values in registers).
+template <int D, int THREADS, bool ONE_PLUS>
+__device__ __forceinline__ void
+rms_norm_quant_fp8_dev(const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+                       float eps, __nv_bfloat16* __restrict__ y, long y_stride, uint8_t* __restrict__ q,
+                       float* __restrict__ s) {
+    static_assert(D % 2 == 0 && D > 0, "rows are read as BF16 pairs");
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 1024 threads");
+    constexpr int PAIRS = D / 2;
+    constexpr int PER_THREAD = (PAIRS + THREADS - 1) / THREADS;
+    constexpr int WARPS = THREADS / 32;
+    __shared__ float warp_sums[WARPS];
+    __shared__ float warp_max[WARPS];
+    const long r = blockIdx.x;
+    const __nv_bfloat16* xr = x + r * x_stride;
+    float2 v[PER_THREAD];
+    float partial = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int p = threadIdx.x + k * THREADS;
+        if (p >= PAIRS) break;
+        v[k] = bf16x2_load(xr + 2 * p);
+        partial = partial + v[k].x * v[k].x;
+        partial = partial + v[k].y * v[k].y;
+    }
+    const float ss = rms_block_sum<THREADS>(partial, warp_sums);
+    const float rr = kbp::rsqrt_f32(ss / (float)D + eps);
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int p = threadIdx.x + k * THREADS;
+        if (p >= PAIRS) break;
+        const float2 gm = bf16x2_load(weight + 2 * p);
+        const float w0 = ONE_PLUS ? 1.0f + gm.x : gm.x;
+        const float w1 = ONE_PLUS ? 1.0f + gm.y : gm.y;
+        v[k] = make_float2(round_bf16(v[k].x * rr * w0), round_bf16(v[k].y * rr * w1));
+        if (y != nullptr) bf16x2_store(y + r * y_stride + 2 * p, v[k].x, v[k].y);
+        m = fmaxf(m, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
+    }
+    m = warp_max_xor(m);
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) m = fmaxf(m, warp_max[w]);
+    const float sc = fp8_scale(m);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int p = threadIdx.x + k * THREADS;
+        if (p >= PAIRS) break;
+        const float a = fminf(fmaxf(__fdiv_rn(v[k].x, sc), -448.0f), 448.0f);
+        const float b = fminf(fmaxf(__fdiv_rn(v[k].y, sc), -448.0f), 448.0f);
+        reinterpret_cast<uint16_t*>(q + r * D)[p] = (uint16_t)(f32_to_e4m3(a) | (f32_to_e4m3(b) << 8));
+    }
+    if (threadIdx.x == 0) s[r] = sc;
+}
+
+template <int D, int THREADS, bool ONE_PLUS>
+__global__ void __launch_bounds__(THREADS)
+rms_norm_quant_fp8(const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+                   float eps, __nv_bfloat16* __restrict__ y, long y_stride, uint8_t* __restrict__ q,
+                   float* __restrict__ s) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    rms_norm_quant_fp8_dev<D, THREADS, ONE_PLUS>(x, x_stride, weight, eps, y, y_stride, q, s);
 }
 
 }  // namespace kbp

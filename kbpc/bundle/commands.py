@@ -71,9 +71,12 @@ def sign(bundle: Path, key_path: Path | None, output: Path | None, trust_paths: 
 @click.option("--intermediates", is_flag=True,
               help="With --numerics on a --debug-arena bundle: compare every intermediate buffer of "
                    "the step with the reference and list them in launch order.")
+@click.option("--weights", "weights_source", default="synthetic:0", show_default=True,
+              help="With --numerics: synthetic:SEED, a safetensors checkpoint or a Hugging Face "
+                   "checkpoint folder.")
 @reports_errors
 def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: bool, positions: int,
-           json_path: Path | None, intermediates: bool) -> None:
+           json_path: Path | None, intermediates: bool, weights_source: str) -> None:
     """Check BUNDLE before anything in it is used: canonical zip with STORED entries, both
     signatures (Ed25519 and ML-DSA-65) valid and by trusted keys, every member's size and SHA-256
     as the signed manifest records, no member added or missing. Exit code 2 on any failure."""
@@ -83,16 +86,16 @@ def verify(bundle: Path, trust_paths: tuple[Path, ...], quiet: bool, numerics: b
     click.echo(f"verified {bundle}: {report.members} members, {human_bytes(report.total_bytes)}, "
                f"signed by {', '.join(report.signers)}")
     if numerics and intermediates:
-        _check_intermediates(bundle, trust, positions, quiet)
+        _check_intermediates(bundle, trust, positions, quiet, weights_source)
     if numerics:
-        _check_numerics(bundle, trust, positions, json_path, quiet)
+        _check_numerics(bundle, trust, positions, json_path, quiet, weights_source)
 
 
-def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool) -> None:
+def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool, weights: str) -> None:
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.numerics import compare_intermediates
 
-    diffs = compare_intermediates(load_bundle_model(bundle, trust), steps=positions)
+    diffs = compare_intermediates(load_bundle_model(bundle, trust), weights=weights, steps=positions)
     bad = [d for d in diffs if d.rel_l2 > 1e-2]
     click.echo(f"intermediates at position {positions - 1}: {len(diffs)} buffers, {len(bad)} with rel err > 1e-2 "
                "(launch order; * marks them)")
@@ -102,7 +105,8 @@ def _check_intermediates(bundle: Path, trust, positions: int, quiet: bool) -> No
             click.echo(f" {flag} {d.position:4d} {d.name:<40} {d.format:<10} {d.rel_l2:.2e}  {d.detail}")
 
 
-def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool) -> None:
+def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None, quiet: bool,
+                    weights: str) -> None:
     import json
 
     from kbpc.errors import KbpcError
@@ -114,7 +118,7 @@ def _check_numerics(bundle: Path, trust, positions: int, json_path: Path | None,
         if not quiet:
             click.echo(f"  position {pos:3d}: rel L2 {rep.rel_l2[-1]:.2e}  same token {rep.same_token[-1]}")
 
-    report = compare_numerics(load_bundle_model(bundle, trust), positions, on_position=show)
+    report = compare_numerics(load_bundle_model(bundle, trust), positions, weights=weights, on_position=show)
     if json_path:
         write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
     rel_limit, agree_limit = report.limits

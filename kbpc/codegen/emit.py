@@ -5,7 +5,6 @@ timestamps)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 
@@ -16,8 +15,7 @@ from kbpc.codegen.records import (GroupCode, KernelInstance, StateBinding, StepP
                                   WeightBinding)
 from kbpc.codegen.render_args import launch_call, launcher_decl, render_arg
 from kbpc.ir.plan import Plan
-
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+from kbpc.toolchain.assets import TEMPLATES_DIR
 
 
 @dataclass(frozen=True)

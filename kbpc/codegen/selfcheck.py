@@ -10,7 +10,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from kbpc.build.nvcc import compile_cuda
+from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.emit import _env
 from kbpc.codegen.families import lower_group

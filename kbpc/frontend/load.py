@@ -15,7 +15,7 @@ from kbpc.frontend.checks import (check_acyclic, check_bytes, check_edges, check
 from kbpc.frontend.collapsed import check_collapsed
 from kbpc.frontend.dims import DimFact, eval_dim, solve_symbols, symbols_of, parse_dim
 from kbpc.frontend.schema import check_structure
-from kbpc.ir.config import ModelConfig, detect_engine, load_config
+from kbpc.ir.config import CheckpointConfig, ModelConfig, detect_engine, load_config
 from kbpc.ir.graph import Blueprint, BlueprintMeta
 from kbpc.ir.records import Group, Layer, Node, Precision, Requant, Tensor
 
@@ -47,11 +47,12 @@ def load_blueprint(path: Path | str, config_path: Path | None = None) -> Bluepri
     return blueprint_from_doc(read_json(path), str(path), config_path)
 
 
-def blueprint_from_doc(doc: Any, source: str, config_path: Path | None = None) -> Blueprint:
+def blueprint_from_doc(doc: Any, source: str, config_path: Path | None = None,
+                       checkpoint: CheckpointConfig | None = None) -> Blueprint:
     """Check `doc` and build the IR. Every failure is a KbpcError whose location starts with
-    `source`."""
+    `source`. `checkpoint`: what a checkpoint's own config fixes (see `load_config`)."""
     try:
-        return _build(doc, source, config_path)
+        return _build(doc, source, config_path, checkpoint)
     except KbpcError as exc:
         if exc.where and exc.where.startswith(source):
             raise
@@ -59,7 +60,7 @@ def blueprint_from_doc(doc: Any, source: str, config_path: Path | None = None) -
         raise type(exc)(exc.message, where) from None
 
 
-def _build(doc: Any, source: str, config_path: Path | None) -> Blueprint:
+def _build(doc: Any, source: str, config_path: Path | None, checkpoint: CheckpointConfig | None) -> Blueprint:
     check_structure(doc)
     nodes = [_node(n) for n in doc["nodes"]]
     tensors = [_tensor(i, e) for i, e in enumerate(doc["edges"])]
@@ -78,7 +79,7 @@ def _build(doc: Any, source: str, config_path: Path | None) -> Blueprint:
     check_collapsed(doc["collapsed"], layers, nodes, tensors)
     engine = detect_engine({n.kernel for n in nodes if n.kernel})
     carried = (doc.get("provenance") or {}).get(CARRIED_SYMBOLS_KEY)
-    config = load_config(engine, config_path, carried if isinstance(carried, dict) else None)
+    config = load_config(engine, config_path, carried if isinstance(carried, dict) else None, checkpoint)
     symbols = _solve(tensors, config)
     inputs_of: dict[int, list[Tensor]] = defaultdict(list)
     for t in tensors:

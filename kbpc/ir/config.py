@@ -21,10 +21,10 @@ from kbpc.errors import ConfigError
 class Constants:
     """Numeric constants of the model's math. Sources noted per field."""
     rms_eps: float = 1e-5            # GLM-5 rms_norm_eps (public config); explain: latent write eps 1e-5
-    hc_norm_eps: float = 1e-6        # explain glm_mhc: eps_n = 1e-6 (stream RMS)
+    hc_norm_eps: float = 1e-6        # stream RMS: explain glm_mhc eps_n = 1e-6; see CONVENTIONS
     hc_eps: float = 1e-6             # explain glm_mhc: eps_hc = 1e-6 (gates, Sinkhorn)
     hc_site_norm_eps: float = 1e-5   # the site RMSNorm inside the pre-mix: the model's rms_norm_eps
-    layer_norm_eps: float = 1e-5     # indexer key LayerNorm (public GLM-5 / DeepSeek-V3.2 indexer)
+    layer_norm_eps: float = 1e-6     # indexer key LayerNorm: 1e-6 in every public source (CONVENTIONS)
     l2_norm_eps: float = 1e-6        # KDA q/k L2 norm (FLA's l2norm default)
     kda_norm_eps: float = 1e-5       # KDA output RMSNorm
     sinkhorn_iters: int = 20         # explain glm_mhc: T = 20
@@ -39,11 +39,23 @@ class Constants:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """What a checkpoint's own config file (a Hugging Face `config.json`) fixes: symbols and
+    constants, each with the field it was read from. It sits above the engine defaults and the
+    symbols a blueprint carries, and below a `--config` file."""
+    source: str                                       # the file it was read from
+    symbols: tuple[tuple[str, int], ...]
+    constants: tuple[tuple[str, float | int], ...]
+    fields: tuple[tuple[str, str], ...]               # symbol or constant -> the field it came from
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     engine: str
     symbols: tuple[tuple[str, int], ...]      # symbols the config file sets (sorted); they win
     defaults: tuple[tuple[str, int | str], ...] = ()  # engine defaults, used only where needed
     constants: Constants = field(default_factory=Constants)
+    sources: tuple[tuple[str, str], ...] = ()  # symbol or constant -> where a non-default value came from
 
     @property
     def symbol_dict(self) -> dict[str, int]:
@@ -51,7 +63,76 @@ class ModelConfig:
 
     def to_json(self) -> dict:
         return {"engine": self.engine, "symbols": dict(self.symbols),
-                "defaults": dict(self.defaults), "constants": dataclasses.asdict(self.constants)}
+                "defaults": dict(self.defaults), "constants": dataclasses.asdict(self.constants),
+                "sources": dict(self.sources)}
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One point where a blueprint's `explain` and a checkpoint family's convention differ:
+    both values with their sources, and what kbpc does about it."""
+    name: str
+    blueprint: str
+    checkpoint: str
+    resolution: str
+
+
+# Conventions of the checkpoint families kbpc maps (the mapping tables in kbpc/weights/ cite them
+# by name; `kbpc convert` records the ones it applied).
+CONVENTIONS: dict[str, tuple[Convention, ...]] = {
+    "glm5_next": (
+        Convention("hc_norm_eps", "1e-6: explain glm_mhc, eps_n of the stream RMS",
+                   "rms_norm_eps (1e-5 in the public config): transformers Glm5NextTextHyperConnection "
+                   "normalises the streams with Glm5NextTextUnweightedRMSNorm(eps=config.rms_norm_eps)",
+                   "constant hc_norm_eps takes config.json's rms_norm_eps"),
+        Convention("layer_norm_eps", "not stated by explain layer_norm; kbpc's earlier default was 1e-5",
+                   "1e-6: transformers Glm5NextTextIndexer.k_norm = LayerNorm(index_head_dim, eps=1e-6), "
+                   "as DeepSeek-V3.2's indexer",
+                   "constant layer_norm_eps defaults to 1e-6"),
+        Convention("final_norm_weight", "1 + gamma: explain rms_norm, the one_plus point of norm::rms_norm "
+                   "(the head's final norm)",
+                   "gamma: transformers Glm5NextTextRMSNorm returns weight * x_hat for every RMSNorm",
+                   "conversion stores gamma - 1 for one_plus norm nodes (BF16; exact for gamma >= 0.5, "
+                   "where 1 + (gamma - 1) gives gamma back in FP32); plain-weight nodes copy gamma"),
+        Convention("mla_softmax_scale", "512^-1/2 on absorbed heads of the 512-wide latent: explain "
+                   "glm_mla_decode",
+                   "(qk_nope_head_dim + qk_rope_head_dim)^-1/2 on unabsorbed heads, kv_b_proj kept apart: "
+                   "transformers Glm5NextTextAttention.scaling",
+                   "conversion absorbs kv_b_proj into q_b and o, folds sqrt(kv_lora) * (qk_nope + qk_rope)^-1/2 "
+                   "into the absorbed query and re-quantizes both to FP8 per channel"),
+        Convention("conv_taps", "BF16 taps and a BF16 bias: explain causal_conv1d_l2norm",
+                   "F32 taps [3*heads*head_dim, 1, width], no bias: transformers Glm5NextTextLinearAttention."
+                   "conv1d (bias=False, dtype float32)",
+                   "conversion rounds the taps to BF16 (relative error <= 2^-9) and writes a zero bias"),
+        Convention("router_weight", "BF16: the router node's weight format (dense_bf16, FP32 output)",
+                   "F32: transformers keeps mlp.gate.weight in FP32 (_keep_in_fp32_modules_strict)",
+                   "conversion rounds the router weight to BF16"),
+        Convention("hc_streams", "FP32 streams: explain glm_mhc",
+                   "the model dtype (BF16 for a BF16 checkpoint): transformers carries hidden_streams in it",
+                   "kbpc keeps FP32 streams (no weight is involved)"),
+        Convention("index_kpool", "4: kbpc's engine default (index_topk/index_kpool = 512 pools -> top-2048)",
+                   "16: transformers Glm5NextTextConfig.index_kpool default",
+                   "config.json's index_kpool (16 when absent) is taken and checked against the blueprint"),
+        Convention("lm_head", "its own BF16 weight (head.lm_head)",
+                   "untied in the public config (tie_word_embeddings false): lm_head.weight",
+                   "lm_head.weight, or the embedding table when tie_word_embeddings is true"),
+        Convention("expert_input_scale", "one static NVFP4 activation scale per routed projection: explain "
+                   "w4a4_mx_static",
+                   "one input_scale per expert and per gate/up projection: ModelOpt export (equal within a "
+                   "layer: one input quantizer per fused expert module)",
+                   "conversion takes the largest (no activation saturates earlier than in the checkpoint)"),
+        Convention("gate_up_fusion", "one NVFP4 tensor with one tensor scale per fused gate|up (and per expert)",
+                   "separate gate_proj and up_proj with a shared weight_scale_2: ModelOpt export",
+                   "rows concatenated (exact); unequal tensor scales are unified on the larger one by rescaling "
+                   "the E4M3 block scales (rounded)"),
+        Convention("dense_mlp_activation_scale", "dynamic per-row NVFP4 activation scale: explain w4a4_mx",
+                   "a static input_scale per projection: ModelOpt NVFP4 export",
+                   "the blueprint's dynamic scale is used; the checkpoint's input_scale is not read"),
+        Convention("kv_cache_scale", "s_k = 1.0: explain glm_mla_latent_write",
+                   "no KV cache quantization (hf_quant_config kv_cache_quant_algo null)",
+                   "s_k = 1.0; a checkpoint with KV cache quantization is refused"),
+    ),
+}
 
 
 # Symbols the edges of a GLM-5 blueprint leave open, used only where the edges and the config do
@@ -72,11 +153,17 @@ def detect_engine(kernels: set[str]) -> str | None:
 
 
 def load_config(engine: str | None, path: Path | None = None,
-                carried: dict[str, int] | None = None) -> ModelConfig:
+                carried: dict[str, int] | None = None,
+                checkpoint: CheckpointConfig | None = None) -> ModelConfig:
     """Defaults for `engine`, then symbols the blueprint carries (`carried`, written by `kbpc
-    shrink`), then the JSON file at `path`."""
+    shrink`), then a checkpoint's own config, then the JSON file at `path`."""
     symbols = dict(carried or {})
     constants = Constants()
+    sources: dict[str, str] = {}
+    if checkpoint is not None:
+        symbols.update(checkpoint.symbols)
+        constants = _override_constants(constants, dict(checkpoint.constants), checkpoint.source)
+        sources.update((name, f"{checkpoint.source}: {fld}") for name, fld in checkpoint.fields)
     if path is not None:
         where = str(path)
         try:
@@ -91,10 +178,13 @@ def load_config(engine: str | None, path: Path | None = None,
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"symbol {name!r} must be a positive integer, got {value!r}", f"{where}: symbols")
             symbols[name] = value
+            sources[name] = where
         constants = _override_constants(constants, data.get("constants") or {}, f"{where}: constants")
+        sources.update((name, where) for name in data.get("constants") or {})
     defaults = ENGINE_DEFAULTS.get(engine or "", {})
     return ModelConfig(engine=engine or "unknown", symbols=tuple(sorted(symbols.items())),
-                       defaults=tuple(sorted(defaults.items())), constants=constants)
+                       defaults=tuple(sorted(defaults.items())), constants=constants,
+                       sources=tuple(sorted(sources.items())))
 
 
 def _override_constants(base: Constants, values: dict, where: str) -> Constants:

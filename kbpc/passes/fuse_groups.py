@@ -7,9 +7,11 @@ edges inside a merged group have no buffer unless a group outside reads them too
 records every candidate: the groups merged, or why they were left apart. With options.fuse off
 the plan keeps the blueprint's groups (the candidates are still reported, as not applied).
 
-Search: for each rule, in group order, a group holding the rule's anchor op seeds a merge; groups
+Search: for each rule, in group order, a group holding the rule's anchor op and no op the rule
+lacks seeds a merge; groups
 joined to the merge by a data edge whose ops still fit the rule are added, the earliest first,
-until the merge holds exactly the rule's ops. Each group joins at most one merge."""
+until the merge holds exactly the rule's ops, and the rule's check accepts the merged nodes
+(formats, which edge feeds which). Each group joins at most one merge."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,12 +33,17 @@ def fuse_groups(plan: Plan) -> Plan:
     merges: list[tuple[FusionRule, tuple[int, ...]]] = []
     for rule in FUSION_RULES:
         for g in plan.groups:
-            if g.id in taken or g.id not in device or ops[g.id][rule.anchor] == 0:
+            if (g.id in taken or g.id not in device or ops[g.id][rule.anchor] == 0
+                    or ops[g.id] - rule.op_counts):
                 continue
             members, missing = _grow(rule, g.id, ops, neighbours, taken | (set(ops) - device), deps)
             if missing:
                 records.append(FusionRecord(rule.name, members, False,
                                             f"no neighbouring group that keeps the merge convex holds {missing}"))
+                continue
+            refusal = rule.check(plan.blueprint, [n for m in members for n in grouping.nodes(m)])
+            if refusal:
+                records.append(FusionRecord(rule.name, members, False, refusal))
                 continue
             if not plan.options.fuse:
                 records.append(FusionRecord(rule.name, members, False, "fusion is off (--no-fuse)"))
@@ -67,8 +74,6 @@ def _grow(rule: FusionRule, seed: int, ops: dict[int, Counter], neighbours: dict
     """(members, what is still missing) of the merge grown from `seed`: each step adds the
     earliest neighbouring group whose ops fit and that keeps the merge convex."""
     want = rule.op_counts
-    if ops[seed] - want:                      # the seed holds ops the rule has no place for
-        return (seed,), ", ".join(sorted((ops[seed] - want).elements()))
     members, have = [seed], Counter(ops[seed])
     while have != want:
         fits = sorted({n for m in members for n in neighbours[m]

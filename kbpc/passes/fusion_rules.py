@@ -8,6 +8,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from kbpc.ir.graph import Blueprint
+    from kbpc.ir.records import Node
+
+# A rule's extra condition on the merged nodes: None if the fused form serves them, else why not.
+Check = Callable[["Blueprint", "list[Node]"], "str | None"]
+
+
+def _always(bp: Blueprint, nodes: list[Node]) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -17,10 +29,23 @@ class FusionRule:
     ops: tuple[str, ...]             # the merged group's node ops (a multiset, by Node.op)
     anchor: str                      # the op a search starts from (one per merged group)
     why: str                         # what the fused kernel saves, for the report
+    check: Check = _always
 
     @property
     def op_counts(self) -> Counter:
         return Counter(self.ops)
+
+
+def _norm_then_fp8_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The quantizer reads the norm's output and writes the per-token FP8 format."""
+    norm = next(n for n in nodes if n.op == "rms_norm")
+    quant = next(n for n in nodes if n.op == "act_quant")
+    (x,) = [t for t in bp.inputs(quant.order) if t.format != "i32"] or [None]
+    if x is None or x.src != norm.order:
+        return "the quantizer does not read the norm's output"
+    if any(t.format != "fp8/token" for t in bp.outputs(quant.order)):
+        return "the quantizer does not write fp8/token"
+    return None
 
 
 FUSION_RULES: tuple[FusionRule, ...] = (
@@ -30,4 +55,7 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),
+    FusionRule("rms_norm_fp8_quant", "rms_norm", ("rms_norm", "act_quant"), "rms_norm",
+               "the per-token FP8 quantizer runs on the normed row in registers, in the norm's launch",
+               _norm_then_fp8_quant),
 )

@@ -74,8 +74,7 @@ def norm(s: Step, node: Node, ins: Inputs):
         return glm_mhc.hc_norm(x, s.bf16(node), s.c.hc_site_norm_eps)
     if node.family == "glm_mla_latent_write":
         return x  # normalised together with the FP8 store by kv_write (one kernel)
-    form = "plain" if node.kernel and "vanilla" in node.kernel else "one_plus"
-    return rms_norm.rms_norm(x, s.bf16(node), s.c.rms_eps, weight=form)
+    return rms_norm.rms_norm(x, s.bf16(node), s.c.rms_eps, weight=rms_norm.weight_form(node))
 
 
 def act_quant(s: Step, node: Node, ins: Inputs):

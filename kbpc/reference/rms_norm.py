@@ -33,6 +33,15 @@ MAX_THREADS = 1024
 WEIGHT_FORMS = ("one_plus", "plain")
 
 
+def weight_form(node) -> str:
+    """How an rms_norm/final_norm node applies its weight: the plain gamma in rms_norm_vanilla and
+    where the glm_mhc site norm or the glm_mla_latent_write kernel normalises (their explain text
+    says so), 1 + gamma in every other rms_norm kernel (explain rms_norm)."""
+    if node.family in ("glm_mhc", "glm_mla_latent_write") or (node.kernel and "vanilla" in node.kernel):
+        return "plain"
+    return "one_plus"
+
+
 def block_threads(d: int) -> int:
     """The block size rule: d/2 pairs rounded up to whole warps, at most 1024 threads."""
     if d <= 0 or d % 2:

@@ -19,6 +19,7 @@ from kbpc.reference.argmax_host import argmax_host
 from kbpc.reference.formats import bf16_from_bits
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.weights.checkpoint import load_checkpoint
+from kbpc.weights.hf_checkpoint import check_config, is_hf_folder
 from kbpc.weights.synthetic import (BLOCK_SCALE_CODES, FP8_WEIGHT_CODES, parse_seed, rule_for,
                                     tensor_key)
 
@@ -123,6 +124,11 @@ class CudaBackend:
         path = Path(source)
         if not path.exists():
             raise WeightsError("no such checkpoint file or folder (or use synthetic:SEED)", source)
+        if is_hf_folder(path):   # converted node by node, each tensor copied as it comes
+            dst_of = {spec.name: dst for spec, dst in zip(self.specs, self.weights)}
+            for spec, arr in check_config(bp, path).convert():
+                self.cuda.memcpy_htod(dst_of[spec.name], arr)
+            return
         tensors = load_checkpoint(path, self.specs)
         for spec, dst in zip(self.specs, self.weights):
             self.cuda.memcpy_htod(dst, np.ascontiguousarray(tensors[spec.name]))

@@ -47,8 +47,10 @@ def check_prompt(prompt: list[int], vocab: int) -> None:
 
 
 def generate(backend: StepBackend, prompt: list[int], max_new_tokens: int,
-             on_token: Callable[[int], None] | None = None) -> Generation:
-    """Greedy decode. The logits of every step feed one running SHA-256 (a checksum of the run)."""
+             on_token: Callable[[int], None] | None = None,
+             on_logits: Callable[[np.ndarray], None] | None = None) -> Generation:
+    """Greedy decode. The logits of every step feed one running SHA-256 (a checksum of the run)
+    and `on_logits` (float32, one call per position, prompt positions included)."""
     check_prompt(prompt, backend.vocab)
     out = Generation(prompt_ids=list(prompt))
     digest = hashlib.sha256()
@@ -56,6 +58,8 @@ def generate(backend: StepBackend, prompt: list[int], max_new_tokens: int,
     t0 = time.perf_counter()
     for i, token in enumerate(prompt):
         logits, next_token = _checked_step(backend, token, i, digest)
+        if on_logits:
+            on_logits(logits)
         if on_token:
             on_token(i)
     out.prefill_s = time.perf_counter() - t0
@@ -65,6 +69,8 @@ def generate(backend: StepBackend, prompt: list[int], max_new_tokens: int,
         if j == max_new_tokens - 1:
             break
         logits, next_token = _checked_step(backend, next_token, len(prompt) + j, digest)
+        if on_logits:
+            on_logits(logits)
         if on_token:
             on_token(len(prompt) + j)
     out.decode_s = time.perf_counter() - t0

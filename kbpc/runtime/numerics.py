@@ -53,7 +53,7 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
     from kbpc.runtime.cuda_backend import CudaBackend
 
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights), positions, model.index_cache)
+    ref = ReferenceBackend(bp, load_weights(bp, weights), positions, index_cache=model.index_cache)
     gpu = CudaBackend(model, weights, positions)
     mode = (model.manifest.get("options") or {}).get("numerics", "exact")
     if mode not in LIMITS:
@@ -106,7 +106,7 @@ def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", step
     if plan["options"].get("arena_reuse", True):
         raise KbpcError("comparing intermediates needs a bundle compiled with --debug-arena")
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights), steps, model.index_cache)
+    ref = ReferenceBackend(bp, load_weights(bp, weights), steps, index_cache=model.index_cache)
     ref.interpreter.keep_values = True
     gpu = CudaBackend(model, weights, steps)
     try:

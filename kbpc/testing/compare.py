@@ -56,3 +56,18 @@ def assert_f32_close(gpu, ref, rtol: float, atol: float | np.ndarray = 0.0, name
         idx = np.unravel_index(int(np.argmax(err - bound)), err.shape)
         raise AssertionError(f"{name}: {int(bad.sum())} of {err.size} elements out of tolerance "
                              f"(rtol={rtol:g}); worst at {idx}: {g[idx]!r} vs {r[idx]!r}")
+
+
+def logit_rms_over_std(logits, ref) -> tuple[np.ndarray, float]:
+    """Per position (rows): RMS of (logits - ref) over the reference logits' standard deviation;
+    and the same over all positions (RMS difference over RMS standard deviation)."""
+    a, r = np.asarray(logits, np.float64), np.asarray(ref, np.float64)
+    if a.shape != r.shape:
+        raise AssertionError(f"logits {a.shape} vs reference {r.shape}")
+    sq, var = ((a - r) ** 2).mean(axis=-1), r.var(axis=-1)
+    return np.sqrt(sq / var), float(np.sqrt(sq.mean() / var.mean()))
+
+
+def same_greedy(logits, ref) -> float:
+    """Fraction of positions whose argmax (first index on ties) agrees."""
+    return float((np.argmax(logits, axis=-1) == np.argmax(ref, axis=-1)).mean())

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, compile_cuda
+from kbpc.toolchain.assets import KERNELS_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda
 from kbpc.targets import get_target
 
 # Poison bytes: 0xFF makes every float (FP32, BF16 bits, E4M3 codes) a NaN, which no kernel of the

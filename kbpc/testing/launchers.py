@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kbpc.build.nvcc import compile_cuda
+from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.codegen.emit import _env
 from kbpc.codegen.records import KernelInstance
 from kbpc.targets import get_target

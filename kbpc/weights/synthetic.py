@@ -30,6 +30,7 @@ from kbpc.errors import WeightsError
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.weights import WeightSpec, weight_specs
 from kbpc.reference.formats import bf16_bits
+from kbpc.reference.rms_norm import weight_form
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 E2M1_RMS = math.sqrt(sum(v * v for v in (0, .5, 1, 1.5, 2, 3, 4, 6)) / 8)
@@ -96,7 +97,7 @@ def rule_for(bp: Blueprint, spec: WeightSpec) -> Rule:
     if suffix == "weight" and spec.role == "weight":   # bf16 GEMM weights
         return Rule("uniform", math.sqrt(3.0 / k))
     if spec.role == "norm":
-        one_plus = node.family == "rms_norm" and node.kernel is not None and "vanilla" not in node.kernel
+        one_plus = node.op in ("rms_norm", "final_norm") and weight_form(node) == "one_plus"
         return Rule("uniform", 0.1, 0.0 if one_plus else 1.0)
     return _param_rule(suffix)
 

@@ -287,7 +287,7 @@ def test_embed_copy(d, vec):
 @pytest.mark.parametrize("target", ["sm_90", "sm_121"])
 def test_misc_sources_compile(tmp_path, target):
     """Every wrapper the GPU tests load compiles for both targets (no GPU needed)."""
-    from kbpc.build.nvcc import compile_cuda  # noqa: PLC0415
+    from kbpc.toolchain.nvcc import compile_cuda  # noqa: PLC0415
     from kbpc.targets import get_target  # noqa: PLC0415
 
     src = tmp_path / "misc.cu"

@@ -113,3 +113,31 @@ def test_layer_norm(d, rows, in_place):
     fn(x_gpu.gpudata, np.int64(d), g.to_gpu(bf16_bits(gamma)), g.to_gpu(bf16_bits(beta)), np.float32(eps),
        y.gpudata, np.int64(d), block=(ref_ln.block_threads(d), 1, 1), grid=(rows, 1))
     assert_bf16_within(g.fetch(y, "y"), ref_ln.layer_norm(x, gamma, beta, eps), 1, "y")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,rows,one_plus,write_y", [(1536, 1, False, True), (128, 3, True, True),
+                                                     (1000, 2, False, False), (2050, 1, True, True)])
+def test_rms_norm_quant_fp8(d, rows, one_plus, write_y):
+    """The norm with its per-token FP8 quantizer fused (through the product's launcher): the BF16
+    row as rms_norm, codes and scales bit-exact as w8a8_act_quant_row on that row."""
+    from kbpc.codegen.families.rms_norm import norm_quant_instance
+    from kbpc.reference import w8a8_act_quant as ref_q
+    from kbpc.testing.launchers import launcher
+
+    g = _gpu()
+    rng = np.random.default_rng()
+    x = bf16_rand(rng, (rows, d), rng.uniform(0.1, 10.0))
+    gamma = bf16_rand(rng, (d,), 0.1, 0.0 if one_plus else 1.0)
+    eps = np.float32(1e-6)
+    y = g.poisoned((rows, d), np.uint16) if write_y else None
+    q, s = g.poisoned((rows, d), np.uint8), g.poisoned((rows,), np.float32)
+    launcher(norm_quant_instance(d, one_plus))((rows, 1, 1), (ref_rms.block_threads(d), 1, 1),
+                                               g.to_gpu(bf16_bits(x)), d, g.to_gpu(bf16_bits(gamma)), eps,
+                                               y, d, q, s)
+    y_ref = ref_rms.rms_norm(x, gamma, eps, "one_plus" if one_plus else "plain")
+    q_ref, s_ref = ref_q.quant_row(y_ref)
+    if write_y:
+        assert_bf16_within(g.fetch(y, "y"), y_ref, 0, "y")
+    np.testing.assert_array_equal(g.fetch(q, "codes"), q_ref)
+    np.testing.assert_array_equal(g.fetch(s, "scales"), s_ref.reshape(rows))

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
+from kbpc.toolchain.assets import KERNELS_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, nvcc_path
 from kbpc.codegen.emit import _env
 from kbpc.codegen.families import dsa_indexer as lower_dsa
 from kbpc.codegen.families import glm_mla_decode as lower_mla

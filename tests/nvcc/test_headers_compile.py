@@ -1,6 +1,6 @@
 """Every kernels/*.cuh compiles on its own (a file that only includes it) for sm_90a and sm_121a.
 
-sm_90a uses the real build flags (kbpc.build.nvcc.BASE_FLAGS); sm_121a only has to compile, so it
+sm_90a uses the real build flags (kbpc.toolchain.nvcc.BASE_FLAGS); sm_121a only has to compile, so it
 runs at -O1 to keep CI (2 cores) fast. Compilations run in parallel, two at a time.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
+from kbpc.toolchain.assets import KERNELS_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, nvcc_path
 
 pytestmark = pytest.mark.nvcc
 

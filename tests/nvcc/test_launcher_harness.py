@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kbpc.build.nvcc import compile_cuda
+from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.codegen.families import layer_norm as lower_ln
 from kbpc.targets import get_target
 from kbpc.testing.launchers import render_instance

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbpc.build.nvcc import compile_cuda
+from kbpc.toolchain.nvcc import compile_cuda
 from kbpc.errors import BuildError
 from kbpc.targets import get_target
 

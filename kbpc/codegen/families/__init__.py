@@ -1,5 +1,6 @@
 """Family lowerings: one module per kernel family, each `lower(ctx, group) -> list[Launch]`
-turning one lowered group into launches of its kernels/ header. The table is explicit."""
+turning one lowered group into launches of its kernels/ header. The table is explicit and keyed
+by (family, variant)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -15,34 +16,38 @@ from kbpc.ir.plan import LoweredGroup
 
 Lowering = Callable[[LowerCtx, LoweredGroup], list[Launch]]
 
-LOWERINGS: dict[str, Lowering] = {
-    "causal_conv1d_l2norm": causal_conv1d_l2norm.lower,
-    "dense_bf16": dense_bf16.lower,
-    "dsa_indexer": dsa_indexer.lower,
-    "embed_copy": embed_copy.lower,
-    "glm_mhc": glm_mhc.lower,
-    "glm_mla_decode": glm_mla_decode.lower,
-    "glm_mla_latent_write": glm_mla_latent_write.lower,
-    "glm_moe_combine": glm_moe_combine.lower,
-    "glm_router_topk": glm_router_topk.lower,
-    "glm_swiglu_clamp": glm_swiglu_clamp.lower,
-    "kda_gates_w8a8": kda_gates_w8a8.lower,
-    "kda_o_norm": kda_o_norm.lower,
-    "kda_pack": kda_pack.lower,
-    "kda_recurrent": kda_recurrent.lower,
-    "layer_norm": layer_norm.lower,
-    "rms_norm": rms_norm.lower,
-    "w4a16_gemv": w4a16_gemv.lower,
-    "w4a4_mx": w4a4_mx.lower,
-    "w4a4_mx_static": w4a4_mx_static.lower,
-    "w8a8_act_quant": w8a8_act_quant.lower,
-    "wxay": wxay.lower,
+# (family, variant) -> lowering. The variant is what lower_precision chose for the target
+# (kbpc.targets.variant_for), so a target is a row of that table plus the variants listed here.
+LOWERINGS: dict[tuple[str, str], Lowering] = {
+    ("causal_conv1d_l2norm", "cuda_core"): causal_conv1d_l2norm.lower,
+    ("dense_bf16", "cuda_core"): dense_bf16.lower,
+    ("dsa_indexer", "cuda_core"): dsa_indexer.lower,
+    ("embed_copy", "host"): embed_copy.lower,          # a host-planned row copy, run as a kernel
+    ("glm_mhc", "cuda_core"): glm_mhc.lower,
+    ("glm_mla_decode", "cuda_core"): glm_mla_decode.lower,
+    ("glm_mla_latent_write", "cuda_core"): glm_mla_latent_write.lower,
+    ("glm_moe_combine", "cuda_core"): glm_moe_combine.lower,
+    ("glm_router_topk", "cuda_core"): glm_router_topk.lower,
+    ("glm_swiglu_clamp", "cuda_core"): glm_swiglu_clamp.lower,
+    ("kda_gates_w8a8", "fp8_mma"): kda_gates_w8a8.lower,
+    ("kda_o_norm", "cuda_core"): kda_o_norm.lower,
+    ("kda_pack", "cuda_core"): kda_pack.lower,
+    ("kda_recurrent", "cuda_core"): kda_recurrent.lower,
+    ("layer_norm", "cuda_core"): layer_norm.lower,
+    ("rms_norm", "cuda_core"): rms_norm.lower,
+    ("w4a16_gemv", "cuda_core"): w4a16_gemv.lower,
+    ("w4a4_mx", "e2m1_dp4a_exact"): w4a4_mx.lower,
+    ("w4a4_mx_static", "e2m1_dp4a_exact"): w4a4_mx_static.lower,
+    ("w8a8_act_quant", "cuda_core"): w8a8_act_quant.lower,
+    ("wxay", "fp8_mma"): wxay.lower,
 }
 
 
 def lower_group(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
-    fn = LOWERINGS.get(group.family)
+    fn = LOWERINGS.get((group.family, group.variant))
     if fn is None:
-        raise LoweringError(f"no code generation for kernel family {group.family!r} yet "
-                            f"(group rule {group.rule})", f"group {group.id}")
+        known = sorted(v for f, v in LOWERINGS if f == group.family)
+        what = (f"variant {group.variant!r} of kernel family {group.family!r} (lowered: {', '.join(known)})"
+                if known else f"kernel family {group.family!r}")
+        raise LoweringError(f"no code generation for {what} (group rule {group.rule})", f"group {group.id}")
     return fn(ctx, group)

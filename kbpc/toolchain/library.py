@@ -18,7 +18,8 @@ from typing import Callable
 
 import platformdirs
 
-from kbpc.build.nvcc import BASE_FLAGS, KERNELS_DIR, RUNTIME_STUB_DIR, compile_cuda, nvcc_path, nvcc_version
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda, nvcc_path, nvcc_version
 from kbpc.errors import BuildError
 from kbpc.targets import Target
 

@@ -10,11 +10,9 @@ import tempfile
 from pathlib import Path
 
 from kbpc.errors import BuildError
+from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.targets import Target
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-KERNELS_DIR = REPO_ROOT / "kernels"
-RUNTIME_STUB_DIR = REPO_ROOT / "runtime_stub"
 
 # Numerics: no FMA contraction (the reference rounds every product and sum), no fast math.
 BASE_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-lineinfo")
