@@ -42,8 +42,11 @@ def _select(fp8: bool):
 
 
 def _decode():
+    """(launcher, grid) of the split decode for the seed's heads."""
     from kbpc.codegen.families.glm_mla_decode import decode_instance, heads_per_cta  # noqa: PLC0415
-    return _launcher(decode_instance(E, heads_per_cta(HEADS)))
+    from kbpc.reference.glm_mla_decode import ORDER_WARPS  # noqa: PLC0415
+    hpc = heads_per_cta(HEADS)
+    return _launcher(decode_instance(E, hpc)), (ORDER_WARPS, HEADS // hpc, 1)
 
 
 def _latent_write():
@@ -126,14 +129,14 @@ def _decode_case(ctx: int) -> Case:
     nbytes = HEADS * E * 2 * 2 + tokens * E + WIDTH * 4
 
     def setup():
-        run, rng = _decode(), np.random.default_rng(0)
+        (run, grid), rng = _decode(), np.random.default_rng(0)
         n = rotations(ctx * E, cap=8)
         caches = [_latent_cache(rng, ctx) for _ in range(n)]
         sel = np.full(WIDTH, -1, np.int32)
         sel[:tokens] = np.sort(rng.choice(ctx, tokens, replace=False))
         q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
         d_sel, out, s, sc = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx), _Scratch(1)
-        return lambda i: run((16, HEADS // 4, 1), (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel,
+        return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel,
                              WIDTH, s, np.float32(1), out, sc.merge, sc.counters, sync=False)
     return Case("glm_mla_decode::decode_split", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
 
@@ -146,7 +149,7 @@ def _layer_case(ctx: int, fp8: bool) -> Case:
               + KP * D * 8 + WIDTH * 8)
 
     def setup():
-        write, store, select, decode = _latent_write(), _store(fp8), _select(fp8), _decode()
+        write, store, select, (decode, grid) = _latent_write(), _store(fp8), _select(fp8), _decode()
         rng = np.random.default_rng(0)
         n = rotations(_pool_bytes(pools, fp8) + ctx * E, cap=8)
         sets = [(_pool_state(rng, pools, fp8), _latent_cache(rng, ctx)) for _ in range(n)]
@@ -167,7 +170,7 @@ def _layer_case(ctx: int, fp8: bool) -> Case:
             store((1, 1, 1), (D, 1, 1), k, k, a, kk, gg, KP, pk, codes, scales, pos, pdl=True, sync=False)
             select((blocks, 1, 1), (512, 1, 1), q, w, pk, codes, scales, seq, pos, sc.scores, sc.hist, sc.arrive,
                    sc.tokens, pdl=True, sync=False)
-            decode((16, HEADS // 4, 1), (256, 1, 1), qa, cache, table, PAGE, sc.tokens, WIDTH, seq, np.float32(1),
+            decode(grid, (256, 1, 1), qa, cache, table, PAGE, sc.tokens, WIDTH, seq, np.float32(1),
                    out, sc.merge, sc.counters, pdl=True, sync=False)
         return launch
     kind = "fp8" if fp8 else "f32"
