@@ -248,13 +248,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     if (chunks > 0) stage(0);
     for (int c = 0; c < chunks; ++c) {
         const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
-        if (c + 1 < chunks) {
-            stage(c + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        cp_async_step(stage, c, chunks);
         const float* kbuf = reinterpret_cast<const float*>(sm.p1.raw[buf]);
         if constexpr (FP8) {   // read back: ktilde = FWHT(sigma * e4m3(code)) / D, one warp per pool
             for (int p = warp; p < cnt; p += DSA_SELECT_WARPS) {

@@ -134,4 +134,17 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// Double-buffered staging, at the top of chunk c's step: issue chunk c + 1 (stage(c) issues one
+// chunk's copies and commits one group), wait until chunk c has landed, then a block barrier.
+template <typename Stage>
+__device__ __forceinline__ void cp_async_step(Stage stage, int c, int chunks) {
+    if (c + 1 < chunks) {
+        stage(c + 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 }  // namespace kbp

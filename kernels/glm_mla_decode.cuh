@@ -134,6 +134,136 @@ __device__ __forceinline__ void mla_merge_partner(const float* __restrict__ slot
     __syncthreads();
 }
 
+// Dots of the chunk in `buf`: warp `warp` < GPC takes the chunk's group `warp` (entries warp*G ..
+// warp*G + G - 1) for the CTA's heads: z = fl(dot * scale) into sm.z[head][entry].
+template <int E, int G, int HPC>
+__device__ __forceinline__ void mla_split_dots(MlaSplitSmem<E, G, HPC>& sm, int buf,
+                                               const float (&qf)[HPC][E / 512][16], float s_k, float scale) {
+    constexpr int CH = E / 512, SLOTS = G * HPC, GPC = mla_split_groups_per_chunk(E, G);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp >= GPC) return;
+    float part[SLOTS];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const int jj = warp * G + j;
+        if (sm.valid[buf][jj]) {
+#pragma unroll
+            for (int i = 0; i < CH; ++i) {
+                float v[16];
+                mla_decode16(*reinterpret_cast<const uint4*>(&sm.lat[buf][jj][16 * (lane + 32 * i)]), s_k, v);
+#pragma unroll
+                for (int h = 0; h < HPC; ++h)
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) {
+                        const float prod = qf[h][i][k] * v[k];
+                        part[h * G + j] = (i == 0 && k == 0) ? prod : part[h * G + j] + prod;
+                    }
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < HPC; ++h) part[h * G + j] = 0.0f;
+        }
+    }
+    const float dot = transpose_reduce<SLOTS>(part, lane);   // lanes s * 32/SLOTS .. hold slot s
+    const int slot = lane / (32 / SLOTS);
+    if (lane % (32 / SLOTS) == 0) sm.z[slot / G][warp * G + slot % G] = dot * scale;
+}
+
+// Factors of the chunk, for warp h < HPC, lane j = entry j (lanes >= NC act as skipped entries).
+// With prev the running max before entry j: z > prev gives a = exp(prev - z), p = exp(0) = 1,
+// else a = exp(0) = 1, p = exp(z - prev). Returns the running max after the chunk.
+template <int E, int G, int HPC>
+__device__ __forceinline__ float mla_split_factors(MlaSplitSmem<E, G, HPC>& sm, int buf, float m_run) {
+    constexpr int NC = MlaSplitSmem<E, G, HPC>::NC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool ok = lane < NC && sm.valid[buf][lane];
+    const float z = ok ? sm.z[warp][lane] : -INFINITY;
+    float incl = z;   // prefix max over the chunk (exact in any order)
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const float u = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl = fmaxf(incl, u);
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+    const float prev = fmaxf(m_run, lane == 0 ? -INFINITY : before);
+    float a = 1.0f, p = 0.0f;
+    if (ok) {
+        if (z > prev) {
+            a = kbp::exp_f32(prev - z);
+            p = 1.0f;
+        } else {
+            p = kbp::exp_f32(z - prev);
+        }
+    }
+    if (lane < NC) {
+        sm.a[lane].h[warp] = a;
+        sm.p[lane].h[warp] = p;
+    }
+    return fmaxf(m_run, __shfl_sync(0xffffffffu, incl, 31));
+}
+
+// Sequential updates, entry by entry: o = o a + p v for this thread's channels of every head of the
+// CTA, and l = l a + p for head t when t < HPC.
+template <int E, int G, int HPC, int CPT>
+__device__ __forceinline__ void mla_split_update(MlaSplitSmem<E, G, HPC>& sm, int buf, float s_k,
+                                                 float (&o)[HPC][CPT], float& l_run) {
+    constexpr int NC = MlaSplitSmem<E, G, HPC>::NC;
+    const int t = threadIdx.x;
+    for (int j = 0; j < NC; ++j) {
+        if (!sm.valid[buf][j]) continue;
+        float v[CPT];
+#pragma unroll
+        for (int cc = 0; cc < CPT; ++cc) v[cc] = e4m3_to_f32(sm.lat[buf][j][t * CPT + cc]) * s_k;
+        const MlaFactors<HPC> a = mla_load_factors(sm.a[j]), p = mla_load_factors(sm.p[j]);
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) o[h][cc] = o[h][cc] * a.h[h] + p.h[h] * v[cc];
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+            if (t == h) l_run = l_run * a.h[h] + p.h[h];
+    }
+}
+
+// The merge tree across the V CTAs of (hg, row), levels stride = V/2 .. 1: publish this CTA's
+// state in its slot of the level and count the arrival; the second of a pair resets the counter,
+// merges the partner's state and goes on. Returns whether this CTA ends as the root.
+template <int E, int V, int G, int HPC, int CPT>
+__device__ __forceinline__ bool mla_split_merge(MlaSplitSmem<E, G, HPC>& sm, float (&o)[HPC][CPT],
+                                                float* __restrict__ merge, uint32_t* __restrict__ counters,
+                                                int w, int hg, int r, int H) {
+    const int t = threadIdx.x;
+    const size_t head_stride = E + 2;
+    int u = w;
+    for (int s = V / 2; s >= 1; s >>= 1) {
+        float* mine = merge + (((size_t)r * 2 * V + 2 * s + u) * H + hg * HPC) * head_stride;
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) mine[h * head_stride + t * CPT + cc] = o[h][cc];
+        if (t < HPC) {
+            mine[t * head_stride + E] = sm.m[t];
+            mine[t * head_stride + E + 1] = sm.l[t];
+        }
+        __threadfence();
+        __syncthreads();
+        uint32_t* cnt = counters + ((size_t)r * V + s + u % s) * H + hg;
+        if (t == 0) {
+            const uint32_t old = atomicAdd(cnt, 1u);
+            if (old == 1u) *cnt = 0u;   // both arrived: ready for the next launch
+            sm.flag = (int)old;
+        }
+        __syncthreads();
+        if (sm.flag == 0) return false;   // the partner merges
+        __threadfence();
+        const int partner = u < s ? u + s : u - s;
+        const float* theirs = merge + (((size_t)r * 2 * V + 2 * s + partner) * H + hg * HPC) * head_stride;
+        mla_merge_partner<E, HPC, CPT>(theirs, head_stride, o, sm.m, sm.l, sm.fa, sm.fb);
+        u %= s;
+    }
+    return true;
+}
+
 template <int E, int V, int G, int HPC>
 __device__ __forceinline__ void glm_mla_decode_split_body(
     const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
@@ -145,7 +275,7 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     static_assert(G >= 1 && G <= 4 && HPC >= 1 && (G * HPC) <= 32 && ((G * HPC) & (G * HPC - 1)) == 0,
                   "one transposed butterfly reduces a group's dots for the CTA's heads");
     constexpr int GPC = mla_split_groups_per_chunk(E, G), NC = GPC * G;
-    constexpr int CH = E / 512, CPT = E / MLA_SPLIT_THREADS, SLOTS = G * HPC;
+    constexpr int CH = E / 512, CPT = E / MLA_SPLIT_THREADS;
     constexpr int CPE = E / 16, TPE = MLA_SPLIT_THREADS / NC;   // 16-byte copies per entry, threads per entry
     static_assert(GPC >= 1 && NC <= 32 && MLA_SPLIT_THREADS % NC == 0 && CPE % TPE == 0, "chunk geometry");
     using Smem = MlaSplitSmem<E, G, HPC>;
@@ -213,117 +343,20 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
         stage(0);
         for (int c = 0; c < chunks; ++c) {
             const int buf = c & 1;
-            if (c + 1 < chunks) {
-                stage(c + 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
+            cp_async_step(stage, c, chunks);
+            mla_split_dots(sm, buf, qf, s_k, scale);
             __syncthreads();
-            // Dots: warp `warp` takes group `warp` of the chunk (entries warp*G .. warp*G + G - 1).
-            if (warp < GPC) {
-                float part[SLOTS];
-#pragma unroll
-                for (int j = 0; j < G; ++j) {
-                    const int jj = warp * G + j;
-                    if (sm.valid[buf][jj]) {
-#pragma unroll
-                        for (int i = 0; i < CH; ++i) {
-                            float v[16];
-                            mla_decode16(*reinterpret_cast<const uint4*>(&sm.lat[buf][jj][16 * (lane + 32 * i)]), s_k, v);
-#pragma unroll
-                            for (int h = 0; h < HPC; ++h)
-#pragma unroll
-                                for (int k = 0; k < 16; ++k) {
-                                    const float prod = qf[h][i][k] * v[k];
-                                    part[h * G + j] = (i == 0 && k == 0) ? prod : part[h * G + j] + prod;
-                                }
-                        }
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < HPC; ++h) part[h * G + j] = 0.0f;
-                    }
-                }
-                const float dot = transpose_reduce<SLOTS>(part, lane);   // lanes 32s/SLOTS.. hold slot s
-                const int s = lane / (32 / SLOTS);
-                if (lane % (32 / SLOTS) == 0) sm.z[s / G][warp * G + s % G] = dot * scale;
-            }
+            if (warp < HPC) m_run = mla_split_factors(sm, buf, m_run);
             __syncthreads();
-            // Factors: warp h < HPC, lane j = entry j of the chunk (lanes >= NC act as skipped entries).
-            if (warp < HPC) {
-                const bool ok = lane < NC && sm.valid[buf][lane];
-                const float z = ok ? sm.z[warp][lane] : -INFINITY;
-                float incl = z;   // prefix max over the chunk (exact in any order)
-#pragma unroll
-                for (int off = 1; off < 32; off <<= 1) {
-                    const float u = __shfl_up_sync(0xffffffffu, incl, off);
-                    if (lane >= off) incl = fmaxf(incl, u);
-                }
-                const float before = __shfl_up_sync(0xffffffffu, incl, 1);
-                const float prev = fmaxf(m_run, lane == 0 ? -INFINITY : before);   // m before entry j
-                float a = 1.0f, p = 0.0f;
-                if (ok) {
-                    if (z > prev) { a = kbp::exp_f32(prev - z); p = 1.0f; }   // p = exp(0)
-                    else { p = kbp::exp_f32(z - prev); }                       // a = exp(0)
-                }
-                if (lane < NC) {
-                    sm.a[lane].h[warp] = a;
-                    sm.p[lane].h[warp] = p;
-                }
-                m_run = fmaxf(m_run, __shfl_sync(0xffffffffu, incl, 31));
-            }
-            __syncthreads();
-            // Sequential updates, entry by entry, for this thread's channels (and l for t < HPC).
-            for (int j = 0; j < NC; ++j) {
-                if (!sm.valid[buf][j]) continue;
-                float v[CPT];
-#pragma unroll
-                for (int cc = 0; cc < CPT; ++cc) v[cc] = e4m3_to_f32(sm.lat[buf][j][t * CPT + cc]) * s_k;
-                const MlaFactors<HPC> a = mla_load_factors(sm.a[j]), p = mla_load_factors(sm.p[j]);
-#pragma unroll
-                for (int h = 0; h < HPC; ++h)
-#pragma unroll
-                    for (int cc = 0; cc < CPT; ++cc) o[h][cc] = o[h][cc] * a.h[h] + p.h[h] * v[cc];
-#pragma unroll
-                for (int h = 0; h < HPC; ++h)
-                    if (t == h) l_run = l_run * a.h[h] + p.h[h];
-            }
+            mla_split_update(sm, buf, s_k, o, l_run);
             __syncthreads();   // the chunk's buffer is restaged two chunks on
         }
     }
 
-    // Merge tree across the V CTAs of (hg, row): levels stride = V/2 .. 1.
     if (warp < HPC && lane == 0) sm.m[warp] = m_run;
     if (t < HPC) sm.l[t] = l_run;
     __syncthreads();
-    const size_t head_stride = E + 2;
-    int u = w;
-    for (int s = V / 2; s >= 1; s >>= 1) {
-        float* mine = merge + (((size_t)r * 2 * V + 2 * s + u) * H + hg * HPC) * head_stride;
-#pragma unroll
-        for (int h = 0; h < HPC; ++h)
-#pragma unroll
-            for (int cc = 0; cc < CPT; ++cc) mine[h * head_stride + t * CPT + cc] = o[h][cc];
-        if (t < HPC) {
-            mine[t * head_stride + E] = sm.m[t];
-            mine[t * head_stride + E + 1] = sm.l[t];
-        }
-        __threadfence();
-        __syncthreads();
-        uint32_t* cnt = counters + ((size_t)r * V + s + u % s) * H + hg;
-        if (t == 0) {
-            const uint32_t old = atomicAdd(cnt, 1u);
-            if (old == 1u) *cnt = 0u;   // both arrived: ready for the next launch
-            sm.flag = (int)old;
-        }
-        __syncthreads();
-        if (sm.flag == 0) return;   // the partner merges
-        __threadfence();
-        const int partner = u < s ? u + s : u - s;
-        const float* theirs = merge + (((size_t)r * 2 * V + 2 * s + partner) * H + hg * HPC) * head_stride;
-        mla_merge_partner<E, HPC, CPT>(theirs, head_stride, o, sm.m, sm.l, sm.fa, sm.fb);
-        u %= s;
-    }
+    if (!mla_split_merge<E, V, G, HPC, CPT>(sm, o, merge, counters, w, hg, r, H)) return;
     // Root: out = rn_bf16(o / l), zeros for a head with no valid token.
 #pragma unroll
     for (int h = 0; h < HPC; ++h) {
