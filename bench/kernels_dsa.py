@@ -1,5 +1,10 @@
 """Benchmark cases of the DSA kernels at the seed's shapes (latent 512, 32 attention heads, indexer
-32 heads x 128, pools of 4, top-2048 tokens) at 1k, 16k and 128k context. See bench/kernels.py."""
+32 heads x 128, pools of 4, top-2048 tokens) at 1k, 16k, 128k and 512k context, built through the
+product's launchers (kbpc.testing.launchers) with the instances the lowerings emit: the indexer's
+store, its fused select (scores + top-k + expansion) with the FP32 and the FP8 index cache, the
+split MLA decode, and a whole DSA layer's chain (latent write, store, select, decode) with
+programmatic dependent launch, the number issue 14's targets are stated in. Pool keys and latents
+are random (zeroed caches would make every score tie). See bench/kernels.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,31 +13,8 @@ from kernels import Case, rotations
 
 E, HEADS, D, H, KP, TOPK_POOLS, PAGE = 512, 32, 128, 32, 4, 512, 64
 WIDTH = (TOPK_POOLS + 1) * KP
-CONTEXTS = (1024, 16384, 131072)
-
-SOURCE = f"""
-#include "glm_mla_latent_write.cuh"
-#include "dsa_indexer.cuh"
-#include "glm_mla_decode.cuh"
-using namespace kbp;
-extern "C" __global__ void __launch_bounds__({E}) b_latent(const __nv_bfloat16* c, const __nv_bfloat16* g,
-    const int32_t* s, float sk, float eps, uint8_t* cache) {{ glm_mla_latent_write_fp8_body<{E}>(c, g, s, sk, eps, cache); }}
-extern "C" __global__ void __launch_bounds__({D}) b_store(const __nv_bfloat16* k, const __nv_bfloat16* g,
-    const float* a, __nv_bfloat16* kk, __nv_bfloat16* gg, int rows, float* pk, const int32_t* tau) {{
-  dsa_indexer_store_body<{D}, {KP}>(k, g, a, kk, gg, rows, pk, tau); }}
-extern "C" __global__ void __launch_bounds__(128) b_scores(const float* q, const float* w, const float* pk,
-    const int32_t* s, const int32_t* tau, float* out) {{ dsa_index_scores_body<{H}, {D}, {KP}>(q, w, pk, s, tau, out); }}
-extern "C" __global__ void __launch_bounds__(1024) b_topk(const float* sc, const int32_t* s, const int32_t* tau,
-    int32_t* pools, int32_t* toks) {{ dsa_topk_select_body<{KP}, {TOPK_POOLS}>(sc, s, tau, pools, toks); }}
-extern "C" __global__ void __launch_bounds__(512) b_decode(const __nv_bfloat16* q, const uint8_t* cache,
-    const int32_t* bt, int page, const int32_t* sel, int width, const int32_t* s, float sk, __nv_bfloat16* out) {{
-  glm_mla_decode_fp8_body<{E}, 16, 4>(q, cache, bt, page, sel, width, s, sk, out); }}
-"""
-
-
-def _mod():
-    from kbpc.testing.gpu import load_module  # noqa: PLC0415
-    return load_module(SOURCE, "bench_dsa")
+CONTEXTS = (1024, 16384, 131072, 524288)
+BITS = 11
 
 
 def _gpu(a):
@@ -44,86 +26,158 @@ def _i32(v):
     return _gpu(np.array([v], np.int32))
 
 
-def _latent_case() -> Case:
-    nbytes = E * 2 * 2 + E + 4
+def _launcher(inst):
+    from kbpc.testing.launchers import launcher  # noqa: PLC0415
+    return launcher(inst)
+
+
+def _store(fp8: bool):
+    from kbpc.codegen.families.dsa_indexer import store_instance  # noqa: PLC0415
+    return _launcher(store_instance(D, KP, fp8))
+
+
+def _select(fp8: bool):
+    from kbpc.codegen.families.dsa_indexer import select_instance  # noqa: PLC0415
+    return _launcher(select_instance(H, D, KP, TOPK_POOLS, fp8))
+
+
+def _decode():
+    """(launcher, grid) of the split decode for the seed's heads."""
+    from kbpc.codegen.families.glm_mla_decode import decode_instance, heads_per_cta  # noqa: PLC0415
+    from kbpc.reference.glm_mla_decode import ORDER_WARPS  # noqa: PLC0415
+    hpc = heads_per_cta(HEADS)
+    return _launcher(decode_instance(E, hpc)), (ORDER_WARPS, HEADS // hpc, 1)
+
+
+def _latent_write():
+    from kbpc.codegen.families.glm_mla_latent_write import PARAMS  # noqa: PLC0415
+    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+    return _launcher(KernelInstance("glm_mla_latent_write", "glm_mla_latent_write.cuh",
+                                    f"kbp::glm_mla_latent_write_fp8_paged<{E}>", PARAMS))
+
+
+def _blocks(pools: int) -> int:
+    from kbpc.codegen.families.dsa_indexer import select_blocks  # noqa: PLC0415
+    return select_blocks("sm_90", pools)
+
+
+def _pool_state(rng, pools: int, fp8: bool):
+    """Device pool keys of one set: (pool_keys, pool_codes, pool_scales) with the unused form None."""
+    keys = rng.normal(size=(pools, D)).astype(np.float32)
+    if not fp8:
+        return _gpu(keys), None, None
+    from kbpc.reference.dsa_index_cache import quantize_pool_keys  # noqa: PLC0415
+    codes, scales = quantize_pool_keys(keys)
+    return None, _gpu(codes), _gpu(scales)
+
+
+def _pool_bytes(pools: int, fp8: bool) -> int:
+    return pools * (D + 4 if fp8 else D * 4)
+
+
+class _Scratch:
+    """The select's and the decode's scratch state (zeroed; the kernels leave it zeroed)."""
+
+    def __init__(self, pools: int):
+        self.scores = _gpu(np.zeros(pools, np.float32))
+        self.hist = _gpu(np.zeros(1 << BITS, np.uint32))
+        self.arrive = _gpu(np.zeros(1, np.uint32))
+        self.merge = _gpu(np.zeros((1, 32, HEADS, E + 2), np.float32))
+        self.counters = _gpu(np.zeros((1, 16, HEADS), np.uint32))
+        self.tokens = _gpu(np.zeros(WIDTH, np.int32))
+
+
+def _store_case(fp8: bool) -> Case:
+    nbytes = D * 2 * 2 * 2 + KP * D * (2 * 2 + 4) + _pool_bytes(1, fp8)   # write k,g; read pool rows, a; write key
 
     def setup():
-        f = _mod().get_function("b_latent")
-        rng = np.random.default_rng(0)
-        n = rotations(nbytes)
-        cs = [_gpu(rng.integers(0, 1 << 14, E).astype(np.uint16)) for _ in range(n)]
-        g, slot = _gpu(np.full(E, 0x3F80, np.uint16)), _i32(5)
-        cache = _gpu(np.zeros((64, E), np.uint8))
-        return lambda i: f(cs[i % n], g, slot, np.float32(1), np.float32(1e-5), cache,
-                           block=(E, 1, 1), grid=(1, 1))
-    return Case("glm_mla_latent_write::latent_write_fp8", f"1x{E} bf16 -> e4m3", nbytes, setup)
-
-
-def _store_case() -> Case:
-    nbytes = D * 2 * 2 * 2 + KP * D * (2 * 2 + 4) + D * 4     # write k,g; read pool rows, a; write kbar
-
-    def setup():
-        f = _mod().get_function("b_store")
-        rng = np.random.default_rng(0)
+        run, rng = _store(fp8), np.random.default_rng(0)
         k = _gpu(rng.integers(0, 1 << 14, D).astype(np.uint16))
         a = _gpu(np.zeros((KP, D), np.float32))
         kk, gg = _gpu(np.zeros((KP, D), np.uint16)), _gpu(np.zeros((KP, D), np.uint16))
-        pk, tau = _gpu(np.zeros((8, D), np.float32)), _i32(7)   # position 7 completes pool 1
-        return lambda i: f(k, k, a, kk, gg, np.int32(KP), pk, tau, block=(D, 1, 1), grid=(1, 1))
-    return Case("dsa_indexer::store+pool", f"{D} bf16 key+gate, pool {KP}", nbytes, setup)
+        pk, codes, scales = _pool_state(rng, 8, fp8)
+        tau = _i32(7)   # position 7 completes pool 1
+        return lambda i: run((1, 1, 1), (D, 1, 1), k, k, a, kk, gg, KP, pk, codes, scales, tau, sync=False)
+    kind = "fp8" if fp8 else "f32"
+    return Case(f"dsa_indexer::store+pool ({kind})", f"{D} bf16 key+gate, pool {KP}", nbytes, setup)
 
 
-def _scores_case(ctx: int) -> Case:
+def _select_case(ctx: int, fp8: bool) -> Case:
     pools = ctx // KP
-    nbytes = pools * D * 4 + H * D * 4 + H * 4 + pools * 4
+    nbytes = _pool_bytes(pools, fp8) + H * D * 4 + H * 4 + pools * 4 * 2 + WIDTH * 4
 
     def setup():
-        f = _mod().get_function("b_scores")
-        rng = np.random.default_rng(0)
-        n = rotations(pools * D * 4)
-        pks = [_gpu(rng.normal(size=(pools, D)).astype(np.float32)) for _ in range(n)]
+        run, rng = _select(fp8), np.random.default_rng(0)
+        n = rotations(_pool_bytes(pools, fp8), cap=16)
+        sets = [_pool_state(rng, pools, fp8) for _ in range(n)]
         q, w = _gpu(rng.normal(size=(H, D)).astype(np.float32)), _gpu(rng.normal(size=H).astype(np.float32))
-        out, s, tau = _gpu(np.zeros(pools, np.float32)), _i32(ctx), _i32(ctx - 1)
-        grid = max(1, min(-(-pools // 128), 264))
-        return lambda i: f(q, w, pks[i % n], s, tau, out, block=(128, 1, 1), grid=(grid, 1))
-    return Case("dsa_indexer::index_scores", f"ctx {ctx}: {pools}x{D} f32 x {H} heads", nbytes, setup)
+        sc, s, tau, blocks = _Scratch(pools), _i32(ctx), _i32(ctx - 1), _blocks(pools)
+        return lambda i: run((blocks, 1, 1), (512, 1, 1), q, w, *sets[i % n], s, tau, sc.scores, sc.hist, sc.arrive,
+                             sc.tokens, sync=False)
+    kind = "fp8" if fp8 else "f32"
+    return Case(f"dsa_indexer::select ({kind} cache)", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
+                setup)
 
 
-def _topk_case(ctx: int) -> Case:
-    pools = ctx // KP
-    nbytes = pools * 4 + TOPK_POOLS * 4 + WIDTH * 4
-
-    def setup():
-        f = _mod().get_function("b_topk")
-        rng = np.random.default_rng(0)
-        n = rotations(pools * 4)
-        scs = [_gpu(rng.normal(size=pools).astype(np.float32)) for _ in range(n)]
-        pl, tk = _gpu(np.zeros(TOPK_POOLS, np.int32)), _gpu(np.zeros(WIDTH, np.int32))
-        s, tau = _i32(ctx), _i32(ctx - 1)
-        return lambda i: f(scs[i % n], s, tau, pl, tk, block=(1024, 1, 1), grid=(1, 1))
-    return Case("dsa_indexer::topk_select+expand", f"ctx {ctx}: top {TOPK_POOLS} of {pools}", nbytes, setup)
+def _latent_cache(rng, ctx: int):
+    pages = -(-ctx // PAGE)
+    return _gpu(rng.integers(0, 0x70, (pages * PAGE, E)).astype(np.uint8)), _gpu(rng.permutation(pages).astype(np.int32))
 
 
 def _decode_case(ctx: int) -> Case:
     tokens = min(ctx, TOPK_POOLS * KP)
-    cache_bytes = ctx * E
     nbytes = HEADS * E * 2 * 2 + tokens * E + WIDTH * 4
 
     def setup():
-        f = _mod().get_function("b_decode")
-        rng = np.random.default_rng(0)
-        pages = -(-ctx // PAGE)
-        n = rotations(cache_bytes)
-        caches = [_gpu(rng.integers(0, 0x70, (pages * PAGE, E)).astype(np.uint8)) for _ in range(n)]
-        table = _gpu(rng.permutation(pages).astype(np.int32))
+        (run, grid), rng = _decode(), np.random.default_rng(0)
+        n = rotations(ctx * E, cap=8)
+        caches = [_latent_cache(rng, ctx) for _ in range(n)]
         sel = np.full(WIDTH, -1, np.int32)
         sel[:tokens] = np.sort(rng.choice(ctx, tokens, replace=False))
         q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
-        d_sel, out, s = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx)
-        return lambda i: f(q, caches[i % n], table, np.int32(PAGE), d_sel, np.int32(WIDTH), s,
-                           np.float32(1), out, block=(512, 1, 1), grid=(HEADS, 1))
-    return Case("glm_mla_decode::decode_fp8", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
+        d_sel, out, s, sc = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx), _Scratch(1)
+        return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel,
+                             WIDTH, s, np.float32(1), out, sc.merge, sc.counters, sync=False)
+    return Case("glm_mla_decode::decode_split", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
 
 
-CASES = [_latent_case(), _store_case()] + [
-    make(ctx) for ctx in CONTEXTS for make in (_scores_case, _topk_case, _decode_case)]
+def _layer_case(ctx: int, fp8: bool) -> Case:
+    """latent write + index store + select + decode, back to back with PDL: one DSA layer's kernels
+    (the projections aside). The position completes a pool, so the store writes a pool key."""
+    pools, tokens = ctx // KP, min(ctx, TOPK_POOLS * KP)
+    nbytes = (_pool_bytes(pools, fp8) + pools * 8 + tokens * E + HEADS * E * 4 + H * D * 4 + E * 3
+              + KP * D * 8 + WIDTH * 8)
+
+    def setup():
+        write, store, select, (decode, grid) = _latent_write(), _store(fp8), _select(fp8), _decode()
+        rng = np.random.default_rng(0)
+        n = rotations(_pool_bytes(pools, fp8) + ctx * E, cap=8)
+        sets = [(_pool_state(rng, pools, fp8), _latent_cache(rng, ctx)) for _ in range(n)]
+        c = _gpu(rng.integers(0, 1 << 14, E).astype(np.uint16))
+        gamma = _gpu(np.full(E, 0x3F80, np.uint16))
+        k = _gpu(rng.integers(0, 1 << 14, D).astype(np.uint16))
+        a = _gpu(np.zeros((KP, D), np.float32))
+        kk, gg = _gpu(np.zeros((KP, D), np.uint16)), _gpu(np.zeros((KP, D), np.uint16))
+        q, w = _gpu(rng.normal(size=(H, D)).astype(np.float32)), _gpu(rng.normal(size=H).astype(np.float32))
+        qa = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
+        out, sc, blocks = _gpu(np.zeros((HEADS, E), np.uint16)), _Scratch(pools), _blocks(pools)
+        pos, seq = _i32(ctx - 1), _i32(ctx)
+
+        def launch(i):
+            (pk, codes, scales), (cache, table) = sets[i % n]
+            write((1, 1, 1), (E, 1, 1), c, gamma, table, PAGE, pos, np.float32(1), np.float32(1e-5), cache,
+                  pdl=True, sync=False)
+            store((1, 1, 1), (D, 1, 1), k, k, a, kk, gg, KP, pk, codes, scales, pos, pdl=True, sync=False)
+            select((blocks, 1, 1), (512, 1, 1), q, w, pk, codes, scales, seq, pos, sc.scores, sc.hist, sc.arrive,
+                   sc.tokens, pdl=True, sync=False)
+            decode(grid, (256, 1, 1), qa, cache, table, PAGE, sc.tokens, WIDTH, seq, np.float32(1),
+                   out, sc.merge, sc.counters, pdl=True, sync=False)
+        return launch
+    kind = "fp8" if fp8 else "f32"
+    return Case(f"dsa layer: write+store+select+decode ({kind})", f"ctx {ctx}, PDL", nbytes, setup)
+
+
+CASES = [_store_case(False), _store_case(True)] + [
+    make(ctx) for ctx in CONTEXTS for make in (
+        lambda c: _select_case(c, False), lambda c: _select_case(c, True), _decode_case,
+        lambda c: _layer_case(c, False), lambda c: _layer_case(c, True))]

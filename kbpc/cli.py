@@ -155,6 +155,10 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
               help="exact: every kernel bit-exact against the reference interpreter; fast: projections and "
                    "attention may change accumulation order or precision point, each within a stated "
                    "bound (recorded in the signed manifest).")
+@click.option("--index-cache", type=click.Choice(["f32", "fp8"]), default="f32", show_default=True,
+              help="The DSA indexer's pool-key cache: FP32, or Walsh-Hadamard rotated E4M3 with a power-of-two "
+                   "scale per pool (a quarter of the bytes; recorded in the signed manifest, and the reference "
+                   "interpreter follows it).")
 @click.option("--fuse/--no-fuse", default=True, show_default=True,
               help="Merge groups across the blueprint's boundaries where a fused kernel form exists "
                    "(never changes the math).")
@@ -179,8 +183,8 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @CONFIG_OPTION
 @json_options
 @reports_errors
-def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str, fuse: bool,
-                pdl: bool, key_path: Path | None,
+def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
+                index_cache: str, fuse: bool, pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
@@ -199,7 +203,8 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
         raise KbpcError("--embed-weights needs --weights CHECKPOINT", "--embed-weights")
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
-                                             arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl),
+                                             arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
+                                             index_cache=index_cache),
                              signer=signing_key(key_path, may_create_default_key(),
                                                 lambda note: click.echo(note, err=True)),
                              config=config_path, cache_dir=cache_dir,

@@ -1,9 +1,11 @@
-// glm_mla_decode.cuh: sparse NoPE MLA decode over the paged FP8 latent cache (absorbed form).
+// glm_mla_decode.cuh: sparse NoPE MLA decode over the paged FP8 latent cache (absorbed form),
+// split over the attended tokens: every latent row is read once per CTA for all of its heads, and
+// the partial softmax states are combined by a fixed merge tree, bit-exact with the family's order.
 //
 // Launch contract
-//   glm_mla_decode_fp8<E, WARPS, G><<<dim3(H, rows), 32 * WARPS>>>(
-//       q, cache, block_table, page_size, sel, width, seq_len, s_k, out)
-//   q            const __nv_bfloat16 [rows][H][E]  absorbed queries (16-byte aligned rows)
+//   glm_mla_decode_split<E, V, G, HPC><<<dim3(V, H / HPC, rows), MLA_SPLIT_THREADS>>>(
+//       q, cache, block_table, page_size, sel, width, seq_len, s_k, out, merge, counters)
+//   q            const __nv_bfloat16 [rows][H][E]  absorbed queries
 //   cache        const uint8_t [num_pages][P][E]   E4M3 latent rows (glm_mla_latent_write.cuh)
 //   block_table  const int32_t [logical pages]     physical page of each logical page
 //   page_size    P (tokens per page)
@@ -13,29 +15,41 @@
 //   seq_len      const int32_t [1]                 S, read on the device (graph-replay safe)
 //   s_k          float                             static cache scale
 //   out          __nv_bfloat16 [rows][H][E]
-//   E a multiple of 512 (a lane owns 16-byte chunks); WARPS a power of two >= 2 (16 in the
-//   blueprint); G entries per gather group (4). Static shared memory (WARPS/2)(E + 2) floats.
+//   merge        float [rows][2V][H][E + 2]        partial states of the merge tree (scratch)
+//   counters     uint32_t [rows][V][H]             arrivals per tree pair; zero at launch, left zero
+//   E a multiple of 512; V (16 in the blueprint) a power of two >= 2; G * HPC a power of two
+//   <= 32 with G <= 4; H a multiple of HPC. Static shared memory about 2 * 8G * E bytes.
 //
-// Math (explain.families.glm_mla_decode; reference kbpc/reference/glm_mla_decode.py, same order):
-//   group g of G consecutive entries goes to warp g % WARPS; per token v = fl(s_k * e4m3(code)),
-//   lane l sums fl(q_c v_c) over c = 16(l + 32i) + k sequentially, xor butterfly, z = fl(dot *
-//   fl(1/sqrtf(E))); online update token by token (m' = max(m, z), a = __expf(m - m'),
-//   p = __expf(z - m'), l = l a + p, o = o a + p v; a = 1 skipped when m' = m, same bits);
-//   warps merged by a halving tree (warp w absorbs warp w + stride); out = rn_bf16(o / l), zeros
-//   when no token is valid.
+// Math (explain.families.glm_mla_decode; reference kbpc/reference/glm_mla_decode.py, whose order
+// is that of one CTA of V warps): group g of G consecutive entries belongs to (virtual) warp g % V,
+// which walks its groups in increasing g, entries in list order; per token v = fl(s_k * e4m3(code)),
+// lane l sums fl(q_c v_c) over c = 16(l + 32i) + k sequentially, an xor butterfly gives the dot,
+// z = fl(dot * fl(1/sqrtf(E))); online update token by token (m' = max(m, z), a = exp(m - m'),
+// p = exp(z - m'), l = l a + p, o = o a + p v); the V warp states merged by a halving tree (warp w
+// absorbs warp w + stride, stride = V/2 .. 1); out = rn_bf16(o / l), zeros when no token is valid.
+//
+// Split. CTA (w, hg, row) is virtual warp w for heads hg*HPC .. hg*HPC + HPC - 1. It walks w's
+// groups in chunks of 8 groups, staged in shared memory with cp.async (double-buffered): its 8
+// warps compute the chunk's dots, one group each (HPC * G dots reduced by one transposed
+// butterfly, the xor butterfly's pairs); HPC warps turn them into the chunk's factors a_j, p_j
+// (a prefix max over the chunk from the running max; a = 1 exactly when the max does not grow);
+// then every thread runs the sequential updates o = o a_j + p_j v_j for its channels, in entry
+// order: the same operations in the same order as one warp of the reference. The merge tree runs
+// across CTAs: at each level the two CTAs of a pair publish their states (a slot per level and
+// position), and the one arriving second (a fenced counter, reset by it) merges the pair and goes
+// on; the root writes the output. The merge is symmetric in its operands, so which CTA of a pair
+// arrives second does not change a bit.
 // Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
 // unit may wrap the body in an extern "C" kernel with the same launch bounds.
 #pragma once
 
+#include "dsa_indexer_common.cuh"   // transpose_reduce, cp.async helpers
 #include "kbp_common.cuh"
 
 namespace kbp {
 
-template <int CH>
-struct MlaLaneState {
-    float m, l;
-    float o[CH][16];
-};
+constexpr int MLA_SPLIT_THREADS = 256;
+constexpr int MLA_SPLIT_WARPS = MLA_SPLIT_THREADS / 32;
 
 // 16 E4M3 codes (one uint4) -> 16 FP32 values times s_k.
 __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (&v)[16]) {
@@ -53,165 +67,314 @@ __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (
     }
 }
 
-template <int CH>
-__device__ __forceinline__ void mla_attend_token(const uint4 (&raw)[CH], const float (&qf)[CH][16],
-                                                 float s_k, float scale, MlaLaneState<CH>& st) {
-    float v[CH][16];
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        mla_decode16(raw[i], s_k, v[i]);
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const float prod = qf[i][k] * v[i][k];
-            acc = (i == 0 && k == 0) ? prod : acc + prod;
-        }
-    }
-    const float z = warp_sum_xor(acc) * scale;  // every lane holds the same z
-    if (z > st.m) {
-        const float a = kbp::exp_f32(st.m - z);  // 0 for the first token (m = -inf)
-        const float p = kbp::exp_f32(z - z);
-        st.l = st.l * a + p;
-#pragma unroll
-        for (int i = 0; i < CH; ++i)
-#pragma unroll
-            for (int k = 0; k < 16; ++k) st.o[i][k] = st.o[i][k] * a + p * v[i][k];
-        st.m = z;
-    } else {
-        const float p = kbp::exp_f32(z - st.m);
-        st.l = st.l + p;
-#pragma unroll
-        for (int i = 0; i < CH; ++i)
-#pragma unroll
-            for (int k = 0; k < 16; ++k) st.o[i][k] = st.o[i][k] + p * v[i][k];
-    }
+// Groups per chunk: 8 (one per warp for the dots) while two chunks of latent rows fit in 32 KB.
+__host__ __device__ constexpr int mla_split_groups_per_chunk(int e, int g) {
+    return 16384 / (g * e) >= MLA_SPLIT_WARPS ? MLA_SPLIT_WARPS : 16384 / (g * e);
 }
 
-// Gather the G entries of group g (lane's chunks); invalid entries get row -1.
-template <int E, int G, int CH>
-__device__ __forceinline__ void mla_gather(const int32_t* __restrict__ sel, int width, int g, int seq_len,
-                                           const int32_t* __restrict__ block_table, int page_size,
-                                           const uint8_t* __restrict__ cache, int lane,
-                                           long long (&row)[G], uint4 (&raw)[G][CH]) {
+template <int HPC>
+struct alignas(HPC >= 4 ? 16 : 4 * HPC) MlaFactors {
+    float h[HPC];
+};
+
+// The factors of one entry for the CTA's heads, in one shared-memory vector load where it fits.
+template <int HPC>
+__device__ __forceinline__ MlaFactors<HPC> mla_load_factors(const MlaFactors<HPC>& f) {
+    MlaFactors<HPC> r;
+    if constexpr (HPC % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < HPC; i += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(f.h + i);
+            r.h[i] = v.x; r.h[i + 1] = v.y; r.h[i + 2] = v.z; r.h[i + 3] = v.w;
+        }
+    } else if constexpr (HPC == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(f.h);
+        r.h[0] = v.x; r.h[1] = v.y;
+    } else {
+        r.h[0] = f.h[0];
+    }
+    return r;
+}
+
+template <int E, int G, int HPC>
+struct MlaSplitSmem {
+    static constexpr int NC = mla_split_groups_per_chunk(E, G) * G;   // entries per chunk
+    alignas(16) uint8_t lat[2][NC][E];                                 // staged latent rows
+    int rows[MLA_SPLIT_THREADS];                                       // cache rows of a batch, -1 skipped
+    int valid[2][NC];
+    float z[HPC][NC];                                                  // [head in CTA][entry]
+    MlaFactors<HPC> a[NC], p[NC];                                      // [entry]: one vector load per entry
+    float m[HPC], l[HPC], fa[HPC], fb[HPC];
+    int flag;
+};
+
+// Merge the partner's state (m, l per head in shared memory slots, o from global) into ours.
+template <int E, int HPC, int CPT>
+__device__ __forceinline__ void mla_merge_partner(const float* __restrict__ slot, size_t head_stride,
+                                                  float (&o)[HPC][CPT], float* m, float* l, float* fa,
+                                                  float* fb) {
+    const int t = threadIdx.x;
+    if (t < HPC) {
+        const float mb = __ldcg(slot + t * head_stride + E), lb = __ldcg(slot + t * head_stride + E + 1);
+        const float ma = m[t], la = l[t];
+        const float ms = fmaxf(ma, mb);
+        const float xa = ma == -INFINITY ? 0.0f : kbp::exp_f32(ma - ms);
+        const float xb = mb == -INFINITY ? 0.0f : kbp::exp_f32(mb - ms);
+        fa[t] = xa;
+        fb[t] = xb;
+        l[t] = la * xa + lb * xb;
+        m[t] = ms;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < HPC; ++h)
+#pragma unroll
+        for (int c = 0; c < CPT; ++c)
+            o[h][c] = o[h][c] * fa[h] + __ldcg(slot + h * head_stride + t * CPT + c) * fb[h];
+    __syncthreads();
+}
+
+// Dots of the chunk in `buf`: warp `warp` < GPC takes the chunk's group `warp` (entries warp*G ..
+// warp*G + G - 1) for the CTA's heads: z = fl(dot * scale) into sm.z[head][entry].
+template <int E, int G, int HPC>
+__device__ __forceinline__ void mla_split_dots(MlaSplitSmem<E, G, HPC>& sm, int buf,
+                                               const float (&qf)[HPC][E / 512][16], float s_k, float scale) {
+    constexpr int CH = E / 512, SLOTS = G * HPC, GPC = mla_split_groups_per_chunk(E, G);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp >= GPC) return;
+    float part[SLOTS];
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-        const int e = g * G + j;
-        const int id = e < width ? sel[e] : -1;
-        row[j] = -1;
-        if (id >= 0 && id < seq_len) {
-            row[j] = (long long)block_table[id / page_size] * page_size + id % page_size;
-            const uint4* src = reinterpret_cast<const uint4*>(cache + row[j] * E);
+        const int jj = warp * G + j;
+        if (sm.valid[buf][jj]) {
 #pragma unroll
-            for (int i = 0; i < CH; ++i) raw[j][i] = __ldg(src + lane + 32 * i);
+            for (int i = 0; i < CH; ++i) {
+                float v[16];
+                mla_decode16(*reinterpret_cast<const uint4*>(&sm.lat[buf][jj][16 * (lane + 32 * i)]), s_k, v);
+#pragma unroll
+                for (int h = 0; h < HPC; ++h)
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) {
+                        const float prod = qf[h][i][k] * v[k];
+                        part[h * G + j] = (i == 0 && k == 0) ? prod : part[h * G + j] + prod;
+                    }
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < HPC; ++h) part[h * G + j] = 0.0f;
         }
+    }
+    const float dot = transpose_reduce<SLOTS>(part, lane);   // lanes s * 32/SLOTS .. hold slot s
+    const int slot = lane / (32 / SLOTS);
+    if (lane % (32 / SLOTS) == 0) sm.z[slot / G][warp * G + slot % G] = dot * scale;
+}
+
+// Factors of the chunk, for warp h < HPC, lane j = entry j (lanes >= NC act as skipped entries).
+// With prev the running max before entry j: z > prev gives a = exp(prev - z), p = exp(0) = 1,
+// else a = exp(0) = 1, p = exp(z - prev). Returns the running max after the chunk.
+template <int E, int G, int HPC>
+__device__ __forceinline__ float mla_split_factors(MlaSplitSmem<E, G, HPC>& sm, int buf, float m_run) {
+    constexpr int NC = MlaSplitSmem<E, G, HPC>::NC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool ok = lane < NC && sm.valid[buf][lane];
+    const float z = ok ? sm.z[warp][lane] : -INFINITY;
+    float incl = z;   // prefix max over the chunk (exact in any order)
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const float u = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl = fmaxf(incl, u);
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+    const float prev = fmaxf(m_run, lane == 0 ? -INFINITY : before);
+    float a = 1.0f, p = 0.0f;
+    if (ok) {
+        if (z > prev) {
+            a = kbp::exp_f32(prev - z);
+            p = 1.0f;
+        } else {
+            p = kbp::exp_f32(z - prev);
+        }
+    }
+    if (lane < NC) {
+        sm.a[lane].h[warp] = a;
+        sm.p[lane].h[warp] = p;
+    }
+    return fmaxf(m_run, __shfl_sync(0xffffffffu, incl, 31));
+}
+
+// Sequential updates, entry by entry: o = o a + p v for this thread's channels of every head of the
+// CTA, and l = l a + p for head t when t < HPC.
+template <int E, int G, int HPC, int CPT>
+__device__ __forceinline__ void mla_split_update(MlaSplitSmem<E, G, HPC>& sm, int buf, float s_k,
+                                                 float (&o)[HPC][CPT], float& l_run) {
+    constexpr int NC = MlaSplitSmem<E, G, HPC>::NC;
+    const int t = threadIdx.x;
+    for (int j = 0; j < NC; ++j) {
+        if (!sm.valid[buf][j]) continue;
+        float v[CPT];
+#pragma unroll
+        for (int cc = 0; cc < CPT; ++cc) v[cc] = e4m3_to_f32(sm.lat[buf][j][t * CPT + cc]) * s_k;
+        const MlaFactors<HPC> a = mla_load_factors(sm.a[j]), p = mla_load_factors(sm.p[j]);
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) o[h][cc] = o[h][cc] * a.h[h] + p.h[h] * v[cc];
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+            if (t == h) l_run = l_run * a.h[h] + p.h[h];
     }
 }
 
-template <int E, int WARPS, int G>
-__device__ __forceinline__ void glm_mla_decode_fp8_body(
+// The merge tree across the V CTAs of (hg, row), levels stride = V/2 .. 1: publish this CTA's
+// state in its slot of the level and count the arrival; the second of a pair resets the counter,
+// merges the partner's state and goes on. Returns whether this CTA ends as the root.
+template <int E, int V, int G, int HPC, int CPT>
+__device__ __forceinline__ bool mla_split_merge(MlaSplitSmem<E, G, HPC>& sm, float (&o)[HPC][CPT],
+                                                float* __restrict__ merge, uint32_t* __restrict__ counters,
+                                                int w, int hg, int r, int H) {
+    const int t = threadIdx.x;
+    const size_t head_stride = E + 2;
+    int u = w;
+    for (int s = V / 2; s >= 1; s >>= 1) {
+        float* mine = merge + (((size_t)r * 2 * V + 2 * s + u) * H + hg * HPC) * head_stride;
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) mine[h * head_stride + t * CPT + cc] = o[h][cc];
+        if (t < HPC) {
+            mine[t * head_stride + E] = sm.m[t];
+            mine[t * head_stride + E + 1] = sm.l[t];
+        }
+        __threadfence();
+        __syncthreads();
+        uint32_t* cnt = counters + ((size_t)r * V + s + u % s) * H + hg;
+        if (t == 0) {
+            const uint32_t old = atomicAdd(cnt, 1u);
+            if (old == 1u) *cnt = 0u;   // both arrived: ready for the next launch
+            sm.flag = (int)old;
+        }
+        __syncthreads();
+        if (sm.flag == 0) return false;   // the partner merges
+        __threadfence();
+        const int partner = u < s ? u + s : u - s;
+        const float* theirs = merge + (((size_t)r * 2 * V + 2 * s + partner) * H + hg * HPC) * head_stride;
+        mla_merge_partner<E, HPC, CPT>(theirs, head_stride, o, sm.m, sm.l, sm.fa, sm.fb);
+        u %= s;
+    }
+    return true;
+}
+
+template <int E, int V, int G, int HPC>
+__device__ __forceinline__ void glm_mla_decode_split_body(
     const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
     const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
-    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out) {
+    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out,
+    float* __restrict__ merge, uint32_t* __restrict__ counters) {
     static_assert(E % 512 == 0, "a lane owns 16-byte chunks of 16 channels");
-    static_assert(WARPS >= 2 && (WARPS & (WARPS - 1)) == 0, "halving merge tree");
-    constexpr int CH = E / 512;
-    __shared__ float sm_o[WARPS / 2][E];
-    __shared__ float sm_m[WARPS / 2], sm_l[WARPS / 2];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.x, H = gridDim.x, r = blockIdx.y;
+    static_assert(V >= 2 && (V & (V - 1)) == 0, "halving merge tree");
+    static_assert(G >= 1 && G <= 4 && HPC >= 1 && (G * HPC) <= 32 && ((G * HPC) & (G * HPC - 1)) == 0,
+                  "one transposed butterfly reduces a group's dots for the CTA's heads");
+    constexpr int GPC = mla_split_groups_per_chunk(E, G), NC = GPC * G;
+    constexpr int CH = E / 512, CPT = E / MLA_SPLIT_THREADS;
+    constexpr int CPE = E / 16, TPE = MLA_SPLIT_THREADS / NC;   // 16-byte copies per entry, threads per entry
+    static_assert(GPC >= 1 && NC <= 32 && MLA_SPLIT_THREADS % NC == 0 && CPE % TPE == 0, "chunk geometry");
+    using Smem = MlaSplitSmem<E, G, HPC>;
+    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory");
+    __shared__ Smem sm;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int w = blockIdx.x, hg = blockIdx.y, r = blockIdx.z, H = gridDim.y * HPC;
+    ::kbp::pdl_wait();   // q, sel, the cache row of this step: written by earlier kernels
     const int seq_len = seq_len_ptr[0];
     sel += (size_t)r * width;
-    const size_t qoff = ((size_t)r * H + h) * E;
-
-    float qf[CH][16];
-#pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        const uint4* src = reinterpret_cast<const uint4*>(q + qoff) + 2 * (lane + 32 * i);
-        const uint4 a = src[0], b = src[1];
-        const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            qf[i][2 * k] = __uint_as_float(w[k] << 16);
-            qf[i][2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-        }
-    }
-    const float scale = 1.0f / sqrtf((float)E);
-    MlaLaneState<CH> st;
-    st.m = -INFINITY;
-    st.l = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CH; ++i)
-#pragma unroll
-        for (int k = 0; k < 16; ++k) st.o[i][k] = 0.0f;
-
     const int groups = (width + G - 1) / G;
-    long long row[G], row_n[G];
-    uint4 raw[G][CH], raw_n[G][CH];
-    if (warp < groups) mla_gather<E, G, CH>(sel, width, warp, seq_len, block_table, page_size, cache, lane, row, raw);
-    for (int g = warp; g < groups; g += WARPS) {
-        if (g + WARPS < groups)  // prefetch the warp's next group while this one is computed
-            mla_gather<E, G, CH>(sel, width, g + WARPS, seq_len, block_table, page_size, cache, lane, row_n, raw_n);
+    const int my_groups = w < groups ? (groups - w + V - 1) / V : 0;
+
+    // Entry x of this CTA's list (x = G * (its group index) + position in the group) is selection
+    // entry (w + V * (x / G)) * G + x % G. Rows are looked up a batch of MLA_SPLIT_THREADS entries
+    // at a time (one per thread; the seed's lists fit in one), then staged chunk by chunk.
+    auto lookup = [&](int x) -> int {
+        const int gi = x / G, e = (w + V * gi) * G + x % G;
+        const int id = gi < my_groups && e < width ? sel[e] : -1;
+        return id >= 0 && id < seq_len ? block_table[id / page_size] * page_size + id % page_size : -1;
+    };
+    auto stage = [&](int c) {   // chunk c of the current batch
+        const int buf = c & 1, jj = t / TPE, part = t % TPE;
+        const int row = sm.rows[c * NC + jj];
+        if (part == 0) sm.valid[buf][jj] = row >= 0;
+        if (row >= 0) {
+            const uint8_t* src = cache + (size_t)row * E;
 #pragma unroll
-        for (int j = 0; j < G; ++j)
-            if (row[j] >= 0) mla_attend_token<CH>(raw[j], qf, s_k, scale, st);
+            for (int i = 0; i < CPE / TPE; ++i) {
+                const int off = 16 * (part + TPE * i);
+                cp_async16(&sm.lat[buf][jj][off], src + off);
+            }
+        }
+        cp_async_commit();
+    };
+
+    float qf[HPC][CH][16];
 #pragma unroll
-        for (int j = 0; j < G; ++j) {
-            row[j] = row_n[j];
+    for (int h = 0; h < HPC; ++h)
 #pragma unroll
-            for (int i = 0; i < CH; ++i) raw[j][i] = raw_n[j][i];
+        for (int i = 0; i < CH; ++i) {
+            const uint4* src = reinterpret_cast<const uint4*>(q + ((size_t)r * H + hg * HPC + h) * E) + 2 * (lane + 32 * i);
+            const uint4 a = src[0], b = src[1];
+            const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                qf[h][i][2 * k] = __uint_as_float(u[k] << 16);
+                qf[h][i][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+            }
+        }
+    const float scale = 1.0f / sqrtf((float)E);
+    float o[HPC][CPT];
+#pragma unroll
+    for (int h = 0; h < HPC; ++h)
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) o[h][c] = 0.0f;
+    float m_run = -INFINITY;   // warps h < HPC: head h's running max
+    float l_run = 0.0f;        // threads h < HPC: head h's running sum
+
+    for (int batch = 0; batch < my_groups * G; batch += MLA_SPLIT_THREADS) {
+        const int chunks = (min(MLA_SPLIT_THREADS, my_groups * G - batch) + NC - 1) / NC;
+        __syncthreads();   // the previous batch's rows are no longer read
+        sm.rows[t] = lookup(batch + t);
+        __syncthreads();
+        stage(0);
+        for (int c = 0; c < chunks; ++c) {
+            const int buf = c & 1;
+            cp_async_step(stage, c, chunks);
+            mla_split_dots(sm, buf, qf, s_k, scale);
+            __syncthreads();
+            if (warp < HPC) m_run = mla_split_factors(sm, buf, m_run);
+            __syncthreads();
+            mla_split_update(sm, buf, s_k, o, l_run);
+            __syncthreads();   // the chunk's buffer is restaged two chunks on
         }
     }
 
-    // Halving merge tree across warps through shared memory.
-    for (int stride = WARPS / 2; stride >= 1; stride >>= 1) {
-        if (warp >= stride && warp < 2 * stride) {
-            const int slot = warp - stride;
-            if (lane == 0) { sm_m[slot] = st.m; sm_l[slot] = st.l; }
+    if (warp < HPC && lane == 0) sm.m[warp] = m_run;
+    if (t < HPC) sm.l[t] = l_run;
+    __syncthreads();
+    if (!mla_split_merge<E, V, G, HPC, CPT>(sm, o, merge, counters, w, hg, r, H)) return;
+    // Root: out = rn_bf16(o / l), zeros for a head with no valid token.
 #pragma unroll
-            for (int i = 0; i < CH; ++i)
+    for (int h = 0; h < HPC; ++h) {
+        const float lh = sm.l[h];
+        __nv_bfloat16* dst = out + ((size_t)r * H + hg * HPC + h) * E + t * CPT;
 #pragma unroll
-                for (int k = 0; k < 16; ++k) sm_o[slot][16 * (lane + 32 * i) + k] = st.o[i][k];
-        }
-        __syncthreads();
-        if (warp < stride) {
-            const float mb = sm_m[warp], lb = sm_l[warp];
-            const float ms = fmaxf(st.m, mb);
-            const float fa = st.m == -INFINITY ? 0.0f : kbp::exp_f32(st.m - ms);
-            const float fb = mb == -INFINITY ? 0.0f : kbp::exp_f32(mb - ms);
-            st.l = st.l * fa + lb * fb;
-#pragma unroll
-            for (int i = 0; i < CH; ++i)
-#pragma unroll
-                for (int k = 0; k < 16; ++k)
-                    st.o[i][k] = st.o[i][k] * fa + sm_o[warp][16 * (lane + 32 * i) + k] * fb;
-            st.m = ms;
-        }
-        __syncthreads();
-    }
-    if (warp != 0) return;
-#pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        uint32_t w[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float lo = st.l > 0.0f ? st.o[i][2 * k] / st.l : 0.0f;
-            const float hi = st.l > 0.0f ? st.o[i][2 * k + 1] / st.l : 0.0f;
-            w[k] = (uint32_t)__bfloat16_as_ushort(f32_to_bf16(lo)) |
-                   ((uint32_t)__bfloat16_as_ushort(f32_to_bf16(hi)) << 16);
-        }
-        uint4* dst = reinterpret_cast<uint4*>(out + qoff) + 2 * (lane + 32 * i);
-        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        for (int cc = 0; cc < CPT; ++cc) dst[cc] = f32_to_bf16(lh > 0.0f ? o[h][cc] / lh : 0.0f);
     }
 }
 
-template <int E, int WARPS, int G>
-__global__ void __launch_bounds__(32 * WARPS) glm_mla_decode_fp8(
+template <int E, int V, int G, int HPC>
+__global__ void __launch_bounds__(MLA_SPLIT_THREADS) glm_mla_decode_split(
     const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
     const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
-    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    glm_mla_decode_fp8_body<E, WARPS, G>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, out);
+    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out,
+    float* __restrict__ merge, uint32_t* __restrict__ counters) {
+    glm_mla_decode_split_body<E, V, G, HPC>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, out,
+                                            merge, counters);
 }
 
 }  // namespace kbp

@@ -13,7 +13,7 @@ from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.grouping import Grouping
 from kbpc.ir.limits import MAX_DIM
-from kbpc.ir.state import StateBuffer
+from kbpc.ir.state import INDEX_CACHE_KINDS, StateBuffer
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
 
@@ -33,12 +33,16 @@ class Options:
     pdl: bool = True                  # programmatic dependent launch between a stream's kernels
     fuse: bool = True                 # merge groups across the blueprint's boundaries (fuse_groups)
     batch: int = 1                    # tokens per step (decode rows); only 1 is lowered today
+    index_cache: str = "f32"          # dsa_indexer pool keys: f32, or fp8 (rotated E4M3, kbpc/ir/state.py)
 
     def __post_init__(self):
         get_target(self.target)
         if self.numerics not in NUMERICS_MODES:
             raise KbpcError(f"numerics must be one of {', '.join(NUMERICS_MODES)}, got {self.numerics!r}",
                             "--numerics")
+        if self.index_cache not in INDEX_CACHE_KINDS:
+            raise KbpcError(f"index cache must be one of {', '.join(INDEX_CACHE_KINDS)}, got {self.index_cache!r}",
+                            "--index-cache")
         if self.batch != 1:
             raise KbpcError(f"batch {self.batch}: only batch-1 decode is lowered", "--batch")
         if self.tp < 1:

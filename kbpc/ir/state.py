@@ -3,19 +3,27 @@
 Kinds come from a node's `state` field in the blueprint (`conv:update`, `h:update`,
 `latent:write`, `index:write`, `tail:update`, `index:read`; `conv:snapshot` and `latent:read` own
 nothing: snapshots serve multi-token verify, reads use the writer's buffers). The fused
-hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace. Caches are sized
-for the compile's max context."""
+hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace; the
+indexer's selection and the split MLA decode keep the scratch their last-arriving CTAs combine
+(arrival counters that the kernels return to zero, so a replayed step finds them zeroed). Caches
+are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
+cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kbpc.errors import KbpcError
+from kbpc.reference.glm_mla_decode import ORDER_WARPS
 
 if TYPE_CHECKING:
     from kbpc.ir.graph import Blueprint
     from kbpc.ir.plan import Options
     from kbpc.ir.records import Node
+
+
+INDEX_CACHE_KINDS = ("f32", "fp8")   # Options.index_cache: the indexer's pool-key storage
+INDEX_SELECT_BIN_BITS = 11           # dsa_index_select: the score-key histogram of the first radix digit
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,36 @@ def _hc_pre(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
     return hc_pre_state(node, x.rows_per_token * batch, width)
 
 
-def _of_kind(bp: Blueprint, node: Node, kind: str, ctx: int) -> tuple[StateBuffer, ...]:
-    sym, c = bp.symbols, bp.config.constants
+def mla_merge_state(attend: Node, rows: int, heads: int, latent: int) -> tuple[StateBuffer, StateBuffer]:
+    """The split MLA decode's merge tree (kernels/glm_mla_decode.cuh): per row and head, a partial
+    state (o, m, l) for each position of each tree level (2 ORDER_WARPS slots) and an arrival
+    counter per tree pair (ORDER_WARPS)."""
+    slots, pairs = rows * 2 * ORDER_WARPS * heads, rows * ORDER_WARPS * heads
+    return (StateBuffer(f"{attend.id}.merge", slots * (latent + 2) * 4, (rows, 2 * ORDER_WARPS, heads, latent + 2),
+                        "f32"),
+            StateBuffer(f"{attend.id}.counters", pairs * 4, (rows, ORDER_WARPS, heads), "i32"))
+
+
+def _mla_read(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
+    q = next(t for t in bp.inputs(node.order) if bp.node(t.src).op_base == "linear")
+    writer = [n for n in bp.nodes() if n.block == node.block and n.op == "kv_write"]
+    if len(writer) != 1:
+        raise KbpcError(f"expected one kv_write node in block {node.block}, found {len(writer)}", f"node {node.id}")
+    latent = bp.inputs(writer[0].order)[0].dim_value
+    return mla_merge_state(node, q.rows_per_token * batch, max(1, q.dim_value // latent), latent)
+
+
+def _index_pools(bp: Blueprint, ctx: int, index_cache: str, node: Node) -> tuple[StateBuffer, ...]:
+    d, kp = bp.symbols["index_head_dim"], bp.symbols["index_kpool"]
+    pools = -(-ctx // kp)
+    if index_cache == "fp8":
+        return (StateBuffer(f"{node.id}.pool_codes", pools * d, (pools, d), "e4m3"),
+                StateBuffer(f"{node.id}.pool_scales", pools * 4, (pools,), "f32"))
+    return (StateBuffer(f"{node.id}.pool_keys", pools * d * 4, (pools, d), "f32"),)
+
+
+def _of_kind(bp: Blueprint, node: Node, kind: str, options: Options) -> tuple[StateBuffer, ...]:
+    sym, c, ctx = bp.symbols, bp.config.constants, options.max_context
     if kind == "conv:update":
         ch = bp.inputs(node.order)[0].dim_value
         return (StateBuffer(f"{node.id}.window", ch * c.conv_width * 4, (ch, c.conv_width), "f32"),)
@@ -61,19 +97,19 @@ def _of_kind(bp: Blueprint, node: Node, kind: str, ctx: int) -> tuple[StateBuffe
                             (pages, c.latent_page_tokens, width), "e4m3"),
                 StateBuffer(f"{node.id}.block_table", pages * 4, (pages,), "i32"))
     if kind == "index:write":
-        d, kp = sym["index_head_dim"], sym["index_kpool"]
-        pools = -(-ctx // kp)
-        return (StateBuffer(f"{node.id}.pool_keys", pools * d * 4, (pools, d), "f32"),)
+        return _index_pools(bp, ctx, options.index_cache, node)
     if kind == "tail:update":
         d, kp = sym["index_head_dim"], sym["index_kpool"]
         return (StateBuffer(f"{node.id}.tail_keys", kp * d * 2, (kp, d), "bf16"),
                 StateBuffer(f"{node.id}.tail_gates", kp * d * 2, (kp, d), "bf16"))
-    if kind == "index:read":   # scratch of the selection: scores per pool, chosen pools
-        kp = sym["index_kpool"]
-        pools, topk = -(-ctx // kp), sym["index_topk"] // kp
+    if kind == "index:read":   # scratch of the selection: scores per pool, key histogram, arrivals
+        pools, bins = -(-ctx // sym["index_kpool"]), 1 << INDEX_SELECT_BIN_BITS
         return (StateBuffer(f"{node.id}.scores", pools * 4, (pools,), "f32"),
-                StateBuffer(f"{node.id}.sel_pools", topk * 4, (topk,), "i32"))
-    if kind in ("conv:snapshot", "latent:read"):
+                StateBuffer(f"{node.id}.hist", bins * 4, (bins,), "i32"),
+                StateBuffer(f"{node.id}.arrive", 4, (1,), "i32"))
+    if kind == "latent:read":
+        return _mla_read(bp, node, options.batch)
+    if kind == "conv:snapshot":
         return ()
     raise KbpcError(f"unknown state kind {kind!r}", f"node {node.id}")
 
@@ -84,5 +120,5 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
         if node.op == "hc_pre":
             out.extend(_hc_pre(bp, node, options.batch))
         for kind in node.state:
-            out.extend(_of_kind(bp, node, kind, options.max_context))
+            out.extend(_of_kind(bp, node, kind, options))
     return out

@@ -31,8 +31,10 @@ State (`IndexerCache`, shared with kernels/dsa_indexer.cuh):
 - keys, gates: uint16 BF16 bits [rows, D_I]; token t lives in row t % rows, rows a multiple of K_P
   (rows = K_P keeps only the incomplete pool: the blueprint's `tail` state; rows >= context keeps
   every token).
-- pool_keys: float32 [pool_capacity, D_I]: kbar_p, written once when pool p completes (its last
-  token t = pK + K - 1 is stored).
+- pool keys, written once when pool p completes (its last token t = pK + K - 1 is stored): with the
+  `f32` index cache pool_keys float32 [pool_capacity, D_I] holds kbar_p; with the `fp8` cache
+  (kbpc/reference/dsa_index_cache.py) pool_keys holds the rotated E4M3 codes uint8 [capacity, D_I]
+  and pool_scales float32 [capacity] the power-of-two scales, and scores read ktilde_p.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kbpc.ir.state import INDEX_CACHE_KINDS
+from kbpc.reference.dsa_index_cache import dequantize_pool_keys, quantize_pool_keys
 from kbpc.reference.f32ops import exp_f32
 from kbpc.reference.formats import bf16_bits, bf16_from_bits
 from kbpc.reference.fp32 import seq_sum, tree_sum
@@ -69,14 +73,35 @@ class IndexerGeometry:
 class IndexerCache:
     keys: np.ndarray        # uint16 [rows, D_I]
     gates: np.ndarray       # uint16 [rows, D_I]
-    pool_keys: np.ndarray   # float32 [pool_capacity, D_I]
+    pool_keys: np.ndarray   # float32 [pool_capacity, D_I] (f32 cache) or uint8 E4M3 codes (fp8)
+    pool_scales: np.ndarray | None = None   # float32 [pool_capacity] (fp8 cache only)
 
     @classmethod
-    def empty(cls, geo: IndexerGeometry, rows: int, pool_capacity: int) -> "IndexerCache":
+    def empty(cls, geo: IndexerGeometry, rows: int, pool_capacity: int, kind: str = "f32") -> "IndexerCache":
         if rows % geo.pool:
             raise ValueError(f"cache rows ({rows}) must be a multiple of the pool size {geo.pool}")
+        if kind not in INDEX_CACHE_KINDS:
+            raise ValueError(f"index cache kind must be one of {INDEX_CACHE_KINDS}, got {kind!r}")
+        fp8 = kind == "fp8"
+        pools = np.zeros((pool_capacity, geo.head_dim), np.uint8 if fp8 else F32)
         return cls(np.zeros((rows, geo.head_dim), np.uint16), np.zeros((rows, geo.head_dim), np.uint16),
-                   np.zeros((pool_capacity, geo.head_dim), F32))
+                   pools, np.zeros(pool_capacity, F32) if fp8 else None)
+
+    @property
+    def fp8(self) -> bool:
+        return self.pool_scales is not None
+
+    def put_pool(self, p: int, kbar) -> None:
+        if self.fp8:
+            self.pool_keys[p], self.pool_scales[p] = quantize_pool_keys(kbar)
+        else:
+            self.pool_keys[p] = kbar
+
+    def pool_values(self, n: int) -> np.ndarray:
+        """The FP32 keys the scores read for pools [0, n): kbar, or ktilde from the FP8 cache."""
+        if self.fp8:
+            return dequantize_pool_keys(self.pool_keys[:n], self.pool_scales[:n])
+        return self.pool_keys[:n]
 
 
 def compress_pool(keys, gates, slot_term) -> np.ndarray:
@@ -97,8 +122,8 @@ def store_token(cache: IndexerCache, geo: IndexerGeometry, t: int, key, gate, sl
     if (t + 1) % geo.pool == 0:
         p = t // geo.pool
         r = [(p * geo.pool + s) % rows for s in range(geo.pool)]
-        cache.pool_keys[p] = compress_pool(bf16_from_bits(cache.keys[r]), bf16_from_bits(cache.gates[r]),
-                                           slot_term)
+        cache.put_pool(p, compress_pool(bf16_from_bits(cache.keys[r]), bf16_from_bits(cache.gates[r]),
+                                        slot_term))
 
 
 def valid_pools(geo: IndexerGeometry, seq_len: int, tau: int) -> int:

@@ -34,6 +34,8 @@ from kbpc.reference.fp32 import seq_sum, tree_sum
 F32 = np.float32
 WARP = 32
 LANE_CHANNELS = 16     # one 16-byte load of E4M3 codes per lane
+ORDER_WARPS = 16       # the family's order: groups dealt to 16 warps (CTAs of the split form), a halving tree
+ORDER_GROUP = 4        # consecutive selection entries per group
 
 
 def lane_order(latent_dim: int) -> np.ndarray:
@@ -77,8 +79,8 @@ def head_dots(q, v, order: np.ndarray) -> np.ndarray:
     return tree_sum(seq_sum(prod, axis=-1), axis=-1)
 
 
-def mla_decode(q, cache_rows, selection, seq_len: int, s_k: float, warps: int = 16,
-               group: int = 4) -> np.ndarray:
+def mla_decode(q, cache_rows, selection, seq_len: int, s_k: float, warps: int = ORDER_WARPS,
+               group: int = ORDER_GROUP) -> np.ndarray:
     """o (H, E) as BF16 values in float32 for one row.
 
     q: (H, E) BF16 values; cache_rows: callable ids -> E4M3 codes (n, E) (e.g. a bound

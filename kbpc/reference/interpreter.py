@@ -92,12 +92,12 @@ class Interpreter:
     """Runs decode steps of one sequence."""
 
     def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int,
-                 handlers: dict[str, Handler] | None = None):
+                 handlers: dict[str, Handler] | None = None, index_cache: str = "f32"):
         from kbpc.reference.ops import HANDLERS  # the op table
 
         self.bp, self.weights = bp, weights
         self.handlers = handlers or HANDLERS
-        self.state = SequenceState(max_context=max_context)
+        self.state = SequenceState(max_context=max_context, index_cache=index_cache)
         self.order = list(bp.node_orders)
         for node in bp.nodes():
             if node.op_base not in self.handlers and node.op not in self.handlers:

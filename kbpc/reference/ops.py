@@ -221,7 +221,7 @@ def _indexer(s: Step, node: Node):
         geo = dsa_indexer.IndexerGeometry(s.sym["index_head_dim"], s.sym["index_heads"],
                                           s.sym["index_kpool"], s.sym["index_topk"])
         pools = -(-s.state.max_context // geo.pool)
-        s.state.indexer[key] = (geo, dsa_indexer.IndexerCache.empty(geo, geo.pool, pools))
+        s.state.indexer[key] = (geo, dsa_indexer.IndexerCache.empty(geo, geo.pool, pools, s.state.index_cache))
     return s.state.indexer[key]
 
 
@@ -237,7 +237,8 @@ def index_select(s: Step, node: Node, ins: Inputs):
     geo, cache = _indexer(s, node)
     q = np.asarray(ins.named("iq"), F32).reshape(geo.heads, geo.head_dim)
     raw_w = np.asarray(ins.named("iw"), F32).reshape(geo.heads)
-    _, tokens = dsa_indexer.select_tokens(geo, q, raw_w, cache.pool_keys, s.position + 1, s.position)
+    pool_keys = cache.pool_values(dsa_indexer.valid_pools(geo, s.position + 1, s.position))
+    _, tokens = dsa_indexer.select_tokens(geo, q, raw_w, pool_keys, s.position + 1, s.position)
     return np.asarray(tokens, np.int32)[None, :]
 
 

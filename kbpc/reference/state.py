@@ -35,6 +35,7 @@ class LatentCache:
 class SequenceState:
     """Everything that persists between decode steps, keyed by node id of its owner."""
     max_context: int
+    index_cache: str = "f32"                                        # dsa_indexer pool keys: f32 | fp8
     conv: dict[str, np.ndarray] = field(default_factory=dict)       # conv1d_update node -> window
     recurrent: dict[str, np.ndarray] = field(default_factory=dict)  # gdn_recurrence node -> S
     latent: dict[str, LatentCache] = field(default_factory=dict)    # kv_write node -> cache

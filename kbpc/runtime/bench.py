@@ -2,18 +2,40 @@
 profiled step's time per group, reported per kernel family against each family's bandwidth floor
 (bench_report.py turns the measurement into the report, the trace and the plot, without a GPU).
 
-The context is reached by moving the sequence position forward over zeroed caches: the kernels
-read the same number of cache bytes as with real history (what decides their speed), without
-spending minutes decoding a long prompt first."""
+The context is reached by moving the sequence position forward over caches filled with synthetic
+history (random latent codes and indexer pool keys): the kernels read the same number of cache bytes
+as with real history, and the indexer's top-k sorts a real spread of scores (zeroed pool keys would
+make every score tie), without spending minutes decoding a long prompt first."""
 from __future__ import annotations
 
 import time
 
 from kbpc.runtime.bench_report import Measurement, bench_report
+from kbpc.errors import DeviceError
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.cuda_backend import CudaBackend
 from kbpc.runtime.device import COPY_BYTES, COPY_REPEATS, local_device, measure_copy_bandwidth
 from kbpc.runtime.traffic import family_bytes
+from kbpc.weights.synthetic import FP8_WEIGHT_CODES
+
+# History state filled before timing: name suffix -> (kind, scale, offset) of kbp_fill_synthetic
+# (kind 0: uniform FP32 in offset +- scale; kind 3: signed E4M3 codes in FP8_WEIGHT_CODES).
+_HISTORY = {".latent_cache": (3, 0.0, 0.0), ".pool_keys": (0, 1.0, 0.0), ".pool_codes": (3, 0.0, 0.0),
+            ".pool_scales": (0, 0.0, 1.0)}
+
+
+def fill_history(backend: CudaBackend, seed: int = 7) -> None:
+    """Synthetic values in the caches a long context has written (see the module docstring)."""
+    lo, hi = FP8_WEIGHT_CODES
+    for i, (spec, buf) in enumerate(zip(backend.model.manifest["state"], backend.state)):
+        rule = next((r for suffix, r in _HISTORY.items() if spec["name"].endswith(suffix)), None)
+        if rule is None:
+            continue
+        kind, scale, offset = rule
+        storage, count = (0, spec["bytes"] // 4) if kind == 0 else (2, spec["bytes"])
+        err = backend.lib.kbp_fill_synthetic(int(buf), count, seed * 1000003 + i, kind, scale, offset, lo, hi, storage)
+        if err:
+            raise DeviceError(f"filling {spec['name']} with synthetic history failed (CUDA error {err})")
 
 
 def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,
@@ -26,6 +48,7 @@ def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int
                          f"measured: device-to-device copy of {COPY_BYTES >> 20} MiB, best of {COPY_REPEATS}")
         else:
             yardstick = (bandwidth, "given (--bandwidth)")
+        fill_history(backend)
         backend.position = min(context, backend.max_context - warmup - runs - 2)
         start = backend.position
         for _ in range(warmup):

@@ -26,6 +26,12 @@ class BundleModel:
     def manifest(self) -> dict:
         return self.bundle.manifest
 
+    @property
+    def index_cache(self) -> str:
+        """The dsa_indexer pool-key cache the bundle was compiled with (f32 | fp8); the reference
+        interpreter follows it so numerics checks compare like with like."""
+        return self.run.index_cache
+
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
     bundle = open_bundle(path, trust if trust is not None else trusted_keyring())

@@ -52,7 +52,7 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
     from kbpc.runtime.cuda_backend import CudaBackend
 
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights, positions), positions)
+    ref = ReferenceBackend(bp, load_weights(bp, weights, positions), positions, index_cache=model.index_cache)
     gpu = CudaBackend(model, weights, positions)
     mode = model.run.numerics
     if mode not in LIMITS:
@@ -105,7 +105,7 @@ def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", step
     if plan["options"].get("arena_reuse", True):
         raise KbpcError("comparing intermediates needs a bundle compiled with --debug-arena")
     bp = model.blueprint
-    ref = ReferenceBackend(bp, load_weights(bp, weights, steps), steps)
+    ref = ReferenceBackend(bp, load_weights(bp, weights, steps), steps, index_cache=model.index_cache)
     ref.interpreter.keep_values = True
     gpu = CudaBackend(model, weights, steps)
     try:

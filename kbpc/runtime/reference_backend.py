@@ -56,10 +56,12 @@ def load_weights(bp: Blueprint, source: str, context: int = 1) -> dict[str, np.n
 
 class ReferenceBackend:
     def __init__(self, bp: Blueprint, weights: dict[str, np.ndarray], max_context: int,
-                 act_quant: bool = True):
-        """act_quant=False: the debugging variant of kbpc/reference/no_act_quant.py."""
+                 act_quant: bool = True, index_cache: str = "f32"):
+        """act_quant=False: the debugging variant of kbpc/reference/no_act_quant.py. index_cache:
+        the compile option a bundle records (f32 | fp8); the reference follows it."""
         from kbpc.reference import no_act_quant
-        self.interpreter = Interpreter(bp, weights, max_context, None if act_quant else no_act_quant.HANDLERS)
+        self.interpreter = Interpreter(bp, weights, max_context, None if act_quant else no_act_quant.HANDLERS,
+                                       index_cache=index_cache)
         self.vocab = bp.symbols.get("vocab") or weights[next(iter(weights))].shape[0]
 
     def step(self, token: int):

@@ -28,6 +28,7 @@ class RunManifest:
     target: str
     max_context: int
     numerics: str
+    index_cache: str                   # the DSA indexer's pool-key cache (f32 | fp8)
     libraries: dict[str, str]          # rank -> member path of its shared library
     weights: tuple[TensorRecord, ...]  # in the order the library's weight table has them
     state: tuple[TensorRecord, ...]
@@ -46,6 +47,7 @@ class RunManifest:
                 target=_typed(m["target"], str, "target"),
                 max_context=_count(options["max_context"], "options.max_context"),
                 numerics=_typed(options.get("numerics", "exact"), str, "options.numerics"),
+                index_cache=_one_of(options.get("index_cache", "f32"), ("f32", "fp8"), "options.index_cache"),
                 libraries={_typed(k, str, "library"): _typed(v, str, f"library.{k}") for k, v in m["library"].items()},
                 weights=tuple(_tensor(w, f"weights[{i}]") for i, w in enumerate(m["weights"])),
                 state=tuple(_tensor({**s, "storage": s.get("storage", "")}, f"state[{i}]")

@@ -79,7 +79,8 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
             from kbpc.runtime.cuda_backend import CudaBackend
             cb = CudaBackend(bm, weights, context)
             return cb, cb.vocab
-        ref = ReferenceBackend(bm.blueprint, _bundle_host_weights(bm, weights), context, act_quant)
+        ref = ReferenceBackend(bm.blueprint, _bundle_host_weights(bm, weights), context, act_quant,
+                               index_cache=bm.index_cache)
         return ref, ref.vocab
     if backend == "cuda":
         raise KbpcError("the GPU runs compiled bundles; compile the blueprint first", str(model))

@@ -14,7 +14,7 @@ from kbpc.ir.weights import weight_specs
 from kbpc.ir.buffers import buffer_name
 
 
-def _state_bytes(bp: Blueprint, node, context: int) -> float:
+def _state_bytes(bp: Blueprint, node, context: int, index_cache: str = "f32") -> float:
     sym, c = bp.symbols, bp.config.constants
     total = 0.0
     for kind in node.state:
@@ -30,9 +30,10 @@ def _state_bytes(bp: Blueprint, node, context: int) -> float:
             total += attended * sym["kv_lora"]
         elif kind == "index:write":
             total += 4 * sym["index_head_dim"] * 2          # key and gate row, pool key amortised
-        elif kind == "index:read":
+        elif kind == "index:read":   # pool keys (FP32, or E4M3 codes + a scale), scores written and read
             pools = (context + 1) // sym["index_kpool"]
-            total += pools * (sym["index_head_dim"] * 4 + 8)  # pool keys, scores written and read
+            key = sym["index_head_dim"] + 4 if index_cache == "fp8" else sym["index_head_dim"] * 4
+            total += pools * (key + 8)
     return total
 
 
@@ -42,13 +43,14 @@ def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
     for spec in weight_specs(bp):
         weights[spec.node] += spec.bytes_per_token
     buffers = {b["name"]: b["nbytes"] for b in plan["buffers"]}
+    index_cache = plan.get("options", {}).get("index_cache", "f32")
     out: dict[int, float] = defaultdict(float)
     group_of: dict[int, int] = {}          # node order -> the plan's group (after fusion)
     for g in plan["groups"]:
         for node_id in g["nodes"]:
             node = bp.node_by_id[node_id]
             group_of[node.order] = g["id"]
-            out[g["id"]] += weights[node_id] + _state_bytes(bp, node, context)
+            out[g["id"]] += weights[node_id] + _state_bytes(bp, node, context, index_cache)
     seen: set[tuple[int, str]] = set()
     for t in bp.tensors():
         name = buffer_name(bp, t)

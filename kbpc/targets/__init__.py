@@ -16,19 +16,24 @@ class Target:
     fp4_block_mma: bool       # mma.sync ... kind::mxf4nvf4.block_scale (sm_120a/121a/121f)
     capability: tuple[int, int]  # the compute capability that runs its code (an `a` target runs
                                  # on exactly that capability, not on later ones)
+    sms: int                     # streaming multiprocessors of the largest part (grids that fill the GPU)
 
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("sm_90", "H100 / H200 (Hopper)",
-               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False, capability=(9, 0)),
+               ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False, capability=(9, 0),
+               sms=132),
         Target("sm_100", "B200 / GB200 (Blackwell datacenter)",
-               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False, capability=(10, 0)),
+               ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False, capability=(10, 0),
+               sms=148),
         Target("sm_120", "RTX Blackwell (consumer)",
-               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 0)),
+               ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 0),
+               sms=170),
         Target("sm_121", "GB10 (DGX Spark)",
-               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 1)),
+               ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 1),
+               sms=48),
     )
 }
 

@@ -1,244 +1,153 @@
-"""GPU tests of the DSA kernels (glm_mla_latent_write, dsa_indexer, glm_mla_decode) against the
-numpy reference, on fresh random inputs each run with poisoned outputs.
+"""GPU tests of the DSA indexer kernels (dsa_indexer_store, dsa_index_select) through the product's
+launchers (kbpc.testing.launchers, instances as kbpc/codegen/families/dsa_indexer.py builds them)
+against the numpy reference, on fresh random inputs each run with poisoned outputs.
 
-Tolerances (each stage is fed the GPU's own output of the stage before, so a tolerance never
-compounds):
-- latent write: rsqrtf is within 2 ulp of the correctly rounded 1/sqrt the reference uses, so each
-  code must lie between the codes the reference gives for r(1 - 2^-21) and r(1 + 2^-21) (rounding
-  is monotone); cache bytes of skipped slots must keep their poison.
-- pool keys: __expf has at most 2 + floor(1.173|x|) ulp error (CUDA guide); with |x| <= ~20 in
-  these tests the softmax weights are within ~3e-6 relative, so |kbar_gpu - kbar_ref| <=
-  2e-5 * sum_s |k_s| per channel. The store itself (BF16 bytes) is exact.
-- scores, top-k, expansion: exact (FP32 in a fixed order, no transcendental).
-- decode: __expf in the online softmax and the merge; the FP32 result is within ~1e-5 relative
-  of the reference before the BF16 rounding, which can then land on the neighbouring BF16 value:
-  allow one BF16 ulp (at most 2^-7 relative to each value)
-  plus 1e-4 of the row's largest magnitude for cancellation in the weighted average.
-"""
+No tolerances: every stage is bit-exact. The pool softmax uses the correctly rounded exponential
+(kbp_transcendental.cuh), the FP8 cache's rotation, scale and E4M3 rounding are the reference's op
+for op, the scores are FP32 in a fixed order, and the top-k is an exact total order (score
+descending, ties to the lower pool index). Cases cover both index caches, odd head counts and
+widths, contexts from 3 tokens to 512k, grids from 1 CTA to one per SM, exact ties (duplicate pool
+keys, all-zero keys) both where the tied bin fits in shared memory and where it does not, and a
+replay of the same scratch (the histogram and the arrival counter must come back zeroed)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kbpc.codegen.families import dsa_indexer as lower_dsa
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS
 from kbpc.reference import dsa_indexer as dsa
-from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_decode, e4m3_encode, to_bf16
-from kbpc.reference.glm_mla_decode import mla_decode
-from kbpc.reference.glm_mla_latent_write import LatentCacheLayout, latent_values
-from kbpc.testing.gpu import fetch, load_module, poisoned, to_gpu
+from kbpc.reference.dsa_index_cache import dequantize_pool_keys, quantize_pool_keys
+from kbpc.reference.formats import bf16_bits, to_bf16
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
-EPS = 1e-5
-
-SOURCE = r"""
-#include "glm_mla_latent_write.cuh"
-#include "dsa_indexer.cuh"
-#include "glm_mla_decode.cuh"
-using namespace kbp;
-extern "C" __global__ void __launch_bounds__({E}) t_latent_write(const __nv_bfloat16* c,
-    const __nv_bfloat16* g, const int32_t* slots, float s_k, float eps, uint8_t* cache) {{
-  glm_mla_latent_write_fp8_body<{E}>(c, g, slots, s_k, eps, cache); }}
-extern "C" __global__ void __launch_bounds__({D}) t_store(const __nv_bfloat16* k,
-    const __nv_bfloat16* g, const float* a, __nv_bfloat16* kk, __nv_bfloat16* gg, int rows,
-    float* pk, const int32_t* tau) {{
-  dsa_indexer_store_body<{D}, {KP}>(k, g, a, kk, gg, rows, pk, tau); }}
-extern "C" __global__ void __launch_bounds__(128) t_scores(const float* q, const float* w,
-    const float* pk, const int32_t* s, const int32_t* tau, float* out) {{
-  dsa_index_scores_body<{H}, {D}, {KP}>(q, w, pk, s, tau, out); }}
-extern "C" __global__ void __launch_bounds__(1024) t_topk(const float* sc, const int32_t* s,
-    const int32_t* tau, int32_t* pools, int32_t* toks) {{
-  dsa_topk_select_body<{KP}, {TOPK}>(sc, s, tau, pools, toks); }}
-extern "C" __global__ void __launch_bounds__(256) t_expand(const int32_t* pools, const int32_t* s,
-    const int32_t* tau, int32_t* toks) {{
-  dsa_expand_selection_body<{KP}, {TOPK}>(pools, s, tau, toks); }}
-extern "C" __global__ void __launch_bounds__(512) t_decode(const __nv_bfloat16* q,
-    const uint8_t* cache, const int32_t* bt, int page, const int32_t* sel, int width,
-    const int32_t* s, float s_k, __nv_bfloat16* out) {{
-  glm_mla_decode_fp8_body<{E}, 16, 4>(q, cache, bt, page, sel, width, s, s_k, out); }}
-"""
+KP = 4
 
 
-def _module(E=512, D=128, KP=4, H=32, TOPK=512):
-    src = SOURCE.format(E=E, D=D, KP=KP, H=H, TOPK=TOPK)
-    return load_module(src, f"dsa_e{E}_d{D}_k{KP}_h{H}_t{TOPK}")
+def _gpu():
+    from kbpc.testing import gpu
+    return gpu
+
+
+def _run(inst):
+    from kbpc.testing.launchers import launcher
+    return launcher(inst)
 
 
 def _i32(*v):
-    return to_gpu(np.array(v, np.int32))
+    return _gpu().to_gpu(np.array(v, np.int32))
 
 
-# ---------------------------------------------------------------- latent write
-
-def test_latent_write_codes_and_skip():
-    rng = np.random.default_rng()
-    mod = _module()
-    layout = LatentCacheLayout(num_pages=6, page_size=64, latent_dim=512)
-    rows = 9
-    c = to_bf16(rng.normal(0, rng.uniform(0.1, 30), (rows, 512)).astype(F32))
-    gamma = to_bf16(rng.uniform(-2, 2, 512).astype(F32))
-    s_k = F32(rng.choice([1.0, 0.37, 4.0]))
-    slots = rng.choice(layout.num_pages * 64, rows, replace=False).astype(np.int32)
-    slots[3] = -1
-    cache = poisoned(layout.shape, np.uint8)
-    mod.get_function("t_latent_write")(to_gpu(bf16_bits(c)), to_gpu(bf16_bits(gamma)), to_gpu(slots),
-                                       s_k, F32(EPS), cache.gpudata, block=(512, 1, 1), grid=(rows, 1))
-    got = fetch(cache, allow_nan=True).reshape(-1, 512)
-    written = np.zeros(got.shape[0], bool)
-    written[slots[slots >= 0]] = True
-    assert np.all(got[~written] == 0xFF), "rows other than the written slots were touched"
-    y = latent_values(c, gamma, EPS, s_k)
-    lo = e4m3_decode(e4m3_encode(y * F32(1 - 2 ** -21))).astype(np.float64)
-    hi = e4m3_decode(e4m3_encode(y * F32(1 + 2 ** -21))).astype(np.float64)
-    for r in np.flatnonzero(slots >= 0):
-        v = e4m3_decode(got[slots[r]]).astype(np.float64)
-        assert np.all((v >= np.minimum(lo[r], hi[r])) & (v <= np.maximum(lo[r], hi[r]))), f"row {r}"
+def _pool_keys(rng, n: int, d: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows, row index per pool): pool p's key is rows[index[p]]."""
+    if mode == "random":
+        return rng.normal(size=(n, d)).astype(F32), np.arange(n)
+    if mode == "zeros":
+        return np.zeros((1, d), F32), np.zeros(n, np.int64)
+    if mode == "dups":          # exact ties everywhere: few distinct keys
+        return rng.normal(size=(min(n, 7), d)).astype(F32), rng.integers(0, min(n, 7), n)
+    if mode == "many":          # ~1000 distinct keys repeated over a long context
+        distinct = min(n, 1000)
+        return rng.normal(size=(distinct, d)).astype(F32), rng.integers(0, distinct, n)
+    if mode == "clustered":     # distinct scores packed into few histogram bins
+        base = rng.normal(size=(1, d)).astype(F32)
+        rows = (base + rng.normal(0, 1e-3, (min(n, 4096), d))).astype(F32)
+        return rows, rng.integers(0, rows.shape[0], n)
+    raise ValueError(mode)
 
 
-# ---------------------------------------------------------------- indexer stages
-
-def _topk_case(rng, n, ties: bool):
-    if ties:
-        s = rng.integers(-3, 4, n).astype(F32) * F32(0.5)
-        s[rng.random(n) < 0.1] = F32(-0.0)
+def _select(h, d, topk, fp8, grid, n_tokens, mode, replays=1):
+    """Run dsa_index_select `replays` times on the same scratch with fresh queries; check each."""
+    gpu, rng = _gpu(), np.random.default_rng()
+    geo = dsa.IndexerGeometry(head_dim=d, heads=h, pool=KP, topk_tokens=topk * KP)
+    tau = n_tokens - 1
+    n = dsa.valid_pools(geo, n_tokens, tau)
+    cap = n + 3
+    rows, index = _pool_keys(rng, cap, d, mode)
+    if fp8:
+        codes, scales = quantize_pool_keys(rows)
+        values = dequantize_pool_keys(codes, scales)
+        pool_args = (None, gpu.to_gpu(codes[index]), gpu.to_gpu(scales[index]))
     else:
-        s = rng.normal(size=n).astype(F32)
-    return s
+        values = rows
+        pool_args = (gpu.to_gpu(rows[index]), None, None)
+    run = _run(lower_dsa.select_instance(h, d, KP, topk, fp8))
+    hist = gpu.to_gpu(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32))
+    arrive = gpu.to_gpu(np.zeros(1, np.uint32))
+    for _ in range(replays):
+        q, raw = rng.normal(size=(h, d)).astype(F32), rng.normal(size=h).astype(F32)
+        scores = gpu.poisoned((cap,), np.float32)
+        toks = gpu.poisoned((geo.selection_width,), np.int32)
+        run((grid, 1, 1), (lower_dsa.SELECT_THREADS, 1, 1), gpu.to_gpu(q), gpu.to_gpu(raw), *pool_args,
+            _i32(n_tokens), _i32(tau), scores, hist, arrive, toks)
+        # Scores of the distinct rows, mapped to the pools (the reference per pool would be the same).
+        ref_rows = dsa.index_scores(geo, q, raw, values, seq_len=10 ** 9, tau=10 ** 9 - 1)
+        ref = ref_rows[index[:n]]
+        got = gpu.fetch(scores, allow_nan=True)
+        np.testing.assert_array_equal(got[:n].view(np.uint32), ref.view(np.uint32))
+        assert np.all(np.isnan(got[n:])), "scores past the valid pools are not written"
+        ref_pools = dsa.top_pools(ref, dsa.topk_count(geo, n_tokens, tau))
+        np.testing.assert_array_equal(gpu.fetch(toks, "tokens"), dsa.expand_selection(geo, ref_pools, n_tokens, tau))
+        assert not hist.get().any() and arrive.get()[0] == 0, "scratch not returned to zero"
 
 
-@pytest.mark.parametrize("n_tokens", [3, 9, 1000, 16384 + 7, 131072])
-@pytest.mark.parametrize("ties", [False, True])
-def test_topk_and_expand_exact(n_tokens, ties):
-    rng = np.random.default_rng()
-    mod = _module()
-    geo = dsa.IndexerGeometry(head_dim=128, heads=32, pool=4, topk_tokens=2048)
-    tau = n_tokens - 1
-    n = dsa.valid_pools(geo, n_tokens, tau)
-    scores = np.concatenate([_topk_case(rng, n, ties), np.full(8, np.nan, F32)])  # beyond n: unread
-    pools, toks = poisoned((geo.topk_pools,), np.int32), poisoned((geo.selection_width,), np.int32)
-    mod.get_function("t_topk")(to_gpu(scores), _i32(n_tokens), _i32(tau), pools.gpudata, toks.gpudata,
-                               block=(1024, 1, 1), grid=(1, 1))
-    k = dsa.topk_count(geo, n_tokens, tau)
-    ref_pools = dsa.top_pools(scores[:n], k)
-    got_pools = fetch(pools, "pools")
-    np.testing.assert_array_equal(got_pools[:k], ref_pools)
-    assert np.all(got_pools[k:] == -1)
-    np.testing.assert_array_equal(fetch(toks, "tokens"), dsa.expand_selection(geo, ref_pools, n_tokens, tau))
-    toks2 = poisoned((geo.selection_width,), np.int32)
-    mod.get_function("t_expand")(pools.gpudata, _i32(n_tokens), _i32(tau), toks2.gpudata,
-                                 block=(256, 1, 1), grid=(1, 1))
-    np.testing.assert_array_equal(fetch(toks2, "tokens"), fetch(toks))
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("n_tokens,grid,mode", [
+    (3, 132, "random"), (9, 1, "random"), (1000, 7, "dups"), (4 * 777 + 2, 132, "random"),
+    (16384 + 7, 132, "zeros"), (16384 + 5, 132, "clustered"), (4 * 3000 + 1, 132, "clustered"),
+    (131072, 132, "many")])
+def test_select_seed_sizes(fp8, n_tokens, grid, mode):
+    _select(32, 128, 512, fp8, grid, n_tokens, mode)
 
 
-@pytest.mark.parametrize("n_tokens,grid", [(5, 1), (4 * 3001 + 2, 7), (4 * 32768, 132)])
-def test_scores_exact(n_tokens, grid):
-    rng = np.random.default_rng()
-    mod = _module()
-    geo = dsa.IndexerGeometry(head_dim=128, heads=32, pool=4, topk_tokens=2048)
-    cap = n_tokens // 4 + 3
-    pk = rng.normal(size=(cap, 128)).astype(F32)
-    q = rng.normal(size=(32, 128)).astype(F32)
-    raw = rng.normal(size=32).astype(F32)
-    tau = n_tokens - 1
-    n = dsa.valid_pools(geo, n_tokens, tau)
-    out = poisoned((cap,), np.float32)
-    mod.get_function("t_scores")(to_gpu(q), to_gpu(raw), to_gpu(pk), _i32(n_tokens), _i32(tau), out.gpudata,
-                                 block=(128, 1, 1), grid=(grid, 1))
-    got = fetch(out, allow_nan=True)
-    ref = dsa.index_scores(geo, q, raw, pk, n_tokens, tau)
-    np.testing.assert_array_equal(got[:n].view(np.uint32), ref[:n].view(np.uint32))
-    assert np.all(np.isnan(got[n:])), "scores past the valid pools are not written"
+@pytest.mark.parametrize("n_tokens,mode", [(524288, "many"), (524288, "zeros")])
+def test_select_512k(n_tokens, mode):
+    _select(32, 128, 512, False, 132, n_tokens, mode)
 
 
-def _pool_tol(keys_f32):
-    return F32(2e-5) * np.abs(keys_f32).sum(axis=-2)
+@pytest.mark.parametrize("h,d,topk,fp8", [(4, 128, 4, False), (1, 128, 16, True), (20, 64, 16, False),
+                                          (48, 64, 64, True), (7, 96, 3, False), (128, 32, 512, False)])
+@pytest.mark.parametrize("n_tokens,grid", [(3, 1), (4 * 77 + 1, 2), (4 * 1000, 32)])
+def test_select_odd_sizes(h, d, topk, fp8, n_tokens, grid):
+    _select(h, d, topk, fp8, grid, n_tokens, "random")
 
 
-# ---------------------------------------------------------------- decode
-
-def _decode_ref_check(got, q, rows_fn, sel, seq_len, s_k):
-    ref = mla_decode(q, rows_fn, sel, seq_len, s_k)
-    scale = np.abs(ref).max(axis=1, keepdims=True)
-    assert np.all(np.abs(got - ref) <= np.abs(ref) * 2 ** -7 + 1e-4 * scale), np.abs(got - ref).max()
+def test_select_replays_reset_the_scratch():
+    _select(32, 128, 512, False, 132, 4 * 5000, "dups", replays=3)
 
 
-@pytest.mark.parametrize("width,seq_len", [(2052, 5000), (37, 100), (8, 10)])
-def test_decode_selection(width, seq_len):
-    rng = np.random.default_rng()
-    mod = _module()
-    heads, page = 8, 64
-    layout = LatentCacheLayout(num_pages=seq_len // page + 2, page_size=page, latent_dim=512)
-    table = rng.permutation(layout.num_pages).astype(np.int32)
-    cache = e4m3_encode(rng.normal(0, 2, layout.shape).astype(F32))
-    q = to_bf16(rng.normal(0, 0.1, (heads, 512)).astype(F32))
-    sel = rng.integers(-1, seq_len, width).astype(np.int32)
-    sel[rng.random(width) < 0.05] = seq_len + 3                      # out of range: skipped
-    sel[1::7] = sel[0]                                               # duplicates
-    s_k = F32(rng.choice([1.0, 0.5, 1.3]))
-    out = poisoned((heads, 512), np.uint16)
-    mod.get_function("t_decode")(to_gpu(bf16_bits(q)), to_gpu(cache), to_gpu(table), np.int32(page),
-                                 to_gpu(sel), np.int32(width), _i32(seq_len), s_k, out.gpudata,
-                                 block=(512, 1, 1), grid=(heads, 1))
-    got = bf16_from_bits(fetch(out))
-    _decode_ref_check(got, q, lambda ids: layout.rows(cache, table, ids), sel, seq_len, s_k)
-    none = to_gpu(np.full(width, -1, np.int32))
-    mod.get_function("t_decode")(to_gpu(bf16_bits(q)), to_gpu(cache), to_gpu(table), np.int32(page), none,
-                                 np.int32(width), _i32(seq_len), s_k, out.gpudata, block=(512, 1, 1),
-                                 grid=(heads, 1))
-    assert np.all(fetch(out) == 0)
+# ---------------------------------------------------------------- store
 
-
-# ---------------------------------------------------------------- many consecutive positions
-
-def test_many_positions_every_step():
-    """Positions 0..T-1 one step at a time through every kernel (latent write, store + pool,
-    scores, top-k + expansion, decode), past several pools, pages and the top-k (16 pools)."""
-    rng = np.random.default_rng()
-    E, D, KP, H, TOPK, HEADS, PAGE, T = 512, 128, 4, 32, 16, 4, 16, 150
-    mod = _module(TOPK=TOPK)
-    geo = dsa.IndexerGeometry(head_dim=D, heads=H, pool=KP, topk_tokens=TOPK * KP)
-    layout = LatentCacheLayout(num_pages=T // PAGE + 1, page_size=PAGE, latent_dim=E)
-    table = rng.permutation(layout.num_pages).astype(np.int32)
-    gamma = to_bf16(rng.uniform(0.5, 1.5, E).astype(F32))
-    a = rng.normal(0, 0.5, (KP, D)).astype(F32)
-    rows = KP
-    d_cache, d_table = to_gpu(np.zeros(layout.shape, np.uint8)), to_gpu(table)
-    d_keys, d_gates = to_gpu(np.zeros((rows, D), np.uint16)), to_gpu(np.zeros((rows, D), np.uint16))
-    d_pk, d_a, d_gamma = poisoned((T // KP + 1, D), np.float32), to_gpu(a), to_gpu(bf16_bits(gamma))
-    keys_hist, gates_hist = [], []
+@pytest.mark.parametrize("d,fp8", [(128, False), (128, True), (64, True), (32, False), (256, True)])
+def test_store_every_position(d, fp8):
+    """Positions 0..T-1: the BF16 key/gate rows and, at each pool's last token, its key (FP32, or
+    the rotated E4M3 codes and scale), all bit for bit."""
+    gpu, rng = _gpu(), np.random.default_rng()
+    geo = dsa.IndexerGeometry(head_dim=d, heads=1, pool=KP, topk_tokens=16)
+    T, rows = 41, KP
+    ref = dsa.IndexerCache.empty(geo, rows=rows, pool_capacity=T // KP + 1, kind="fp8" if fp8 else "f32")
+    a = rng.normal(0, 0.5, (KP, d)).astype(F32)
+    keys, gates = gpu.to_gpu(np.zeros((rows, d), np.uint16)), gpu.to_gpu(np.zeros((rows, d), np.uint16))
+    cap = T // KP + 1
+    pk = None if fp8 else gpu.poisoned((cap, d), np.float32)
+    codes = gpu.poisoned((cap, d), np.uint8) if fp8 else None
+    scales = gpu.poisoned((cap,), np.float32) if fp8 else None
+    run = _run(lower_dsa.store_instance(d, KP, fp8))
+    d_a = gpu.to_gpu(a)
     for t in range(T):
-        d_s, d_tau = _i32(t + 1), _i32(t)
-        lat = to_bf16(rng.normal(size=(1, E)).astype(F32))
-        mod.get_function("t_latent_write")(to_gpu(bf16_bits(lat)), d_gamma, _i32(layout.slot(table, t)),
-                                           F32(1), F32(EPS), d_cache.gpudata, block=(E, 1, 1), grid=(1, 1))
-        k, g = to_bf16(rng.normal(size=D).astype(F32)), to_bf16(rng.normal(0, 2, D).astype(F32))
-        keys_hist.append(k), gates_hist.append(g)
-        mod.get_function("t_store")(to_gpu(bf16_bits(k)), to_gpu(bf16_bits(g)), d_a, d_keys.gpudata,
-                                    d_gates.gpudata, np.int32(rows), d_pk.gpudata, d_tau,
-                                    block=(D, 1, 1), grid=(1, 1))
-        np.testing.assert_array_equal(d_keys.get()[t % rows], bf16_bits(k))
+        k = to_bf16(rng.normal(size=d).astype(F32) * rng.uniform(0.01, 100))
+        g = to_bf16(rng.normal(0, 3, d).astype(F32))
+        dsa.store_token(ref, geo, t, k, g, a)
+        run((1, 1, 1), (d, 1, 1), gpu.to_gpu(bf16_bits(k)), gpu.to_gpu(bf16_bits(g)), d_a, keys, gates, rows,
+            pk, codes, scales, _i32(t))
+        np.testing.assert_array_equal(keys.get(), ref.keys)
+        np.testing.assert_array_equal(gates.get(), ref.gates)
         n = (t + 1) // KP
-        pk = fetch(d_pk, allow_nan=True)[:n]
-        if n and (t + 1) % KP == 0:
-            kk = np.array(keys_hist[-KP:]).reshape(1, KP, D)
-            ref = dsa.compress_pool(kk, np.array(gates_hist[-KP:]).reshape(1, KP, D), a)[0]
-            assert np.all(np.abs(pk[n - 1] - ref) <= _pool_tol(kk)[0]), f"pool {n - 1}"
-        q, raw = rng.normal(size=(H, D)).astype(F32), rng.normal(size=H).astype(F32)
-        sc = poisoned((T // KP + 1,), np.float32)
-        mod.get_function("t_scores")(to_gpu(q), to_gpu(raw), d_pk.gpudata, d_s, d_tau, sc.gpudata,
-                                     block=(128, 1, 1), grid=(2, 1))
-        got_sc = fetch(sc, allow_nan=True)[:n]
-        np.testing.assert_array_equal(got_sc, dsa.index_scores(geo, q, raw, pk, t + 1, t)[:n])
-        pools, toks = poisoned((TOPK,), np.int32), poisoned((geo.selection_width,), np.int32)
-        mod.get_function("t_topk")(sc.gpudata, d_s, d_tau, pools.gpudata, toks.gpudata,
-                                   block=(1024, 1, 1), grid=(1, 1))
-        ref_pools = dsa.top_pools(got_sc, dsa.topk_count(geo, t + 1, t))
-        sel = fetch(toks)
-        np.testing.assert_array_equal(sel, dsa.expand_selection(geo, ref_pools, t + 1, t))
-        qa = to_bf16(rng.normal(0, 0.1, (HEADS, E)).astype(F32))
-        out = poisoned((HEADS, E), np.uint16)
-        mod.get_function("t_decode")(to_gpu(bf16_bits(qa)), d_cache.gpudata, d_table.gpudata, np.int32(PAGE),
-                                     toks.gpudata, np.int32(geo.selection_width), d_s, F32(1), out.gpudata,
-                                     block=(512, 1, 1), grid=(HEADS, 1))
-        codes = d_cache.get()
-        _decode_ref_check(bf16_from_bits(fetch(out)), qa, lambda ids: layout.rows(codes, table, ids),
-                          sel, t + 1, 1.0)
+        if fp8:
+            np.testing.assert_array_equal(gpu.fetch(codes, allow_nan=True)[:n], ref.pool_keys[:n])
+            np.testing.assert_array_equal(gpu.fetch(scales, allow_nan=True)[:n], ref.pool_scales[:n])
+        else:
+            got = gpu.fetch(pk, allow_nan=True)
+            np.testing.assert_array_equal(got[:n].view(np.uint32), ref.pool_keys[:n].view(np.uint32))
+            assert np.all(np.isnan(got[n:])), "pool keys past the completed pools were written"

@@ -121,3 +121,19 @@ def test_build_report_and_manifest_follow_their_schemas(tiny_path, keys, cache, 
     jsonschema.validate(manifest, json.loads((schemas / "kbp-bundle.v1.schema.json").read_text()))
     import hashlib
     assert report["manifest_sha256"] == hashlib.sha256(members(out)["manifest.json"]).hexdigest()
+
+
+def test_fp8_index_cache_at_512k_is_recorded_and_followed(tiny_path, keys, cache, tmp_path):
+    """--index-cache fp8 with the blueprint's full context: recorded in the signed manifest, state
+    sized for 512k tokens, and the reference backend runs the bundle with the FP8 cache."""
+    out = tmp_path / "tiny-fp8.kbp"
+    compile_(tiny_path, out, keys, cache, "--index-cache", "fp8", "--max-context", "524288")
+    manifest = json.loads(members(out)["manifest.json"])
+    assert manifest["options"]["index_cache"] == "fp8" and manifest["options"]["max_context"] == 524288
+    state = {s["name"]: s for s in manifest["state"]}
+    codes = [s for n, s in state.items() if n.endswith(".pool_codes")]
+    assert codes and all(s["bytes"] == 524288 // 4 * 128 for s in codes)
+    assert not any(n.endswith(".pool_keys") for n in state)
+    result = CliRunner().invoke(main, ["run", str(out), "--trust", str(keys.public), "--backend", "reference",
+                                       "--max-new-tokens", "2", "--json"])
+    assert result.exit_code == 0, result.output

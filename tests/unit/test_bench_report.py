@@ -29,7 +29,7 @@ def fake(tiny_path):
     m = Measurement(context=16, step_seconds=(0.002, 0.001, 0.003), group_ms=group_ms, bandwidth=4.0e12,
                     bandwidth_source="given (--bandwidth)", device="sm_90 (fake, compute capability 9.0)")
     run = RunManifest(kind="lite", blueprint_id=bp.meta.blueprint_id, plan_digest="0" * 64, target="sm_90",
-                      max_context=64, numerics="exact", libraries={"rank0": "lib/rank0/libkbp.so"}, weights=(),
+                      max_context=64, numerics="exact", index_cache="f32", libraries={"rank0": "lib/rank0/libkbp.so"}, weights=(),
                       state=(), checkpoint=None, launches=len(order), groups=len(order))
     return bp, plan, m, run
 

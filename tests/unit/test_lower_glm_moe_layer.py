@@ -11,6 +11,7 @@ import pytest
 from kbpc.codegen.args import NULL, ArenaPtr, FloatLit, IntLit, WeightPtr, WeightScalar
 from kbpc.codegen.context import LoweringError
 from kbpc.codegen.families import glm_moe_layer as M
+from kbpc.targets import get_target
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
 
@@ -32,7 +33,7 @@ def test_moe_layer_launches(tiny):
         assert launches[0].instance.params == M.PARAMS
         assert all(l.nodes == tuple(g.nodes) and l.block == (256, 1, 1) for l in launches)
         layer = M.plan_moe_layer(M.MoeLayerShape(sym["hidden"], sym["moe_inter"], sym["shared_inter"],
-                                                 sym["experts"], sym["top_k"]), M.SM_COUNT["sm_90"])
+                                                 sym["experts"], sym["top_k"]), get_target("sm_90").sms)
         assert launches[0].instance.kernel == layer.kernel
         assert [(l.grid[0], l.smem) for l in launches] == [(layer.gate_up.grid, layer.gate_up.smem),
                                                             (layer.down.grid, layer.down.smem)]

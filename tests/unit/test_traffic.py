@@ -35,3 +35,15 @@ def test_weights_are_counted_once_and_caches_grow_with_context(tiny):
     assert sum(short.values()) > weights
     assert long["dsa_indexer"] > short["dsa_indexer"] and long["glm_mla_decode"] > short["glm_mla_decode"]
     assert long["w4a16_gemv"] == short["w4a16_gemv"]
+
+
+def test_fp8_index_cache_reads_a_quarter_of_the_pool_keys(tiny_path):
+    bp = load_blueprint(tiny_path)
+    s = bp.symbols
+    ctx, pools = 4000, 4001 // s["index_kpool"]
+    indexer = {}
+    for kind in ("f32", "fp8"):
+        plan = json.loads(json.dumps(run_pipeline(bp, Options(max_context=4096, index_cache=kind)).to_json()))
+        indexer[kind] = family_bytes(bp, plan, ctx)["dsa_indexer"]
+    layers = sum(1 for n in bp.nodes() if n.op == "index_select")
+    assert indexer["f32"] - indexer["fp8"] == layers * pools * (s["index_head_dim"] * 3 - 4)

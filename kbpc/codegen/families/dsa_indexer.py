@@ -2,37 +2,41 @@
 
 glm_index_store (kpool_compress): dsa_indexer_store writes the token's BF16 key and gate into the
 `tail_keys`/`tail_gates` state (K_P rows: the incomplete pool) and, when the token completes a
-pool, the pool key into `pool_keys`. The blueprint plans a second kernel for the pool-key store;
-here one kernel does both.
+pool, the pool key: FP32 into `pool_keys`, or with the fp8 index cache (Options.index_cache) its
+Walsh-Hadamard rotated E4M3 codes into `pool_codes` and its scale into `pool_scales`. The
+blueprint plans a second kernel for the pool-key store; here one kernel does both.
 
-glm_index_select_persisted (index_select): dsa_index_scores over the persisted pool keys, then
-dsa_topk_select, which also expands the selected pools (and the tail pool) to token ids: two
-launches for the blueprint's four (scores, a two-pass multi-CTA top-k, expansion). The scores and
-the pool ids are scratch state of the select node: `<select>.scores` (FP32, one per pool of the
-context) and `<select>.sel_pools` (i32, one per selected pool), which plan_memory must provide.
+glm_index_select_persisted (index_select): one launch of dsa_index_select over the whole GPU (one
+CTA per SM of the target) scores every valid pool, selects the top-k pools in the blueprint's total
+order and expands them (and the tail pool) to token ids: one launch for the blueprint's four
+(scores, a two-pass multi-CTA top-k, expansion). Its scratch is state of the select node
+(kbpc/ir/state.py, kind index:read): scores, the first-digit histogram and the arrival counter.
 
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
 
-from kbpc.codegen.args import StepInput, lit
+from kbpc.codegen.args import NULL, StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, one_row, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
-from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.buffers import buffer_elements
+from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.targets import get_target
 
 BF = "__nv_bfloat16"
-SCORE_THREADS = 128      # dsa_index_scores: 4 warps, 32 pools per warp step
-TOPK_THREADS = 1024      # DSA_TOPK_THREADS
-STORE_PARAMS = (f"const {BF}*", f"const {BF}*", "const float*", f"{BF}*", f"{BF}*", "int", "float*",
-                "const int32_t*")
-SCORE_PARAMS = ("const float*", "const float*", "const float*", "const int32_t*", "const int32_t*", "float*")
-TOPK_PARAMS = ("const float*", "const int32_t*", "const int32_t*", "int32_t*", "int32_t*")
+SELECT_THREADS = 512     # DSA_SELECT_THREADS
+SELECT_CHUNK = 32        # DSA_SELECT_CHUNK: pools a CTA stages at a time
+MAX_HEADS, MAX_HEAD_DIM = 128, 128
+STORE_PARAMS = (f"const {BF}*", f"const {BF}*", "const float*", f"{BF}*", f"{BF}*", "int", "float*", "uint8_t*",
+                "float*", "const int32_t*")
+SELECT_PARAMS = ("const float*", "const float*", "const float*", "const uint8_t*", "const float*", "const int32_t*",
+                 "const int32_t*", "float*", "uint32_t*", "uint32_t*", "int32_t*")
 
 
-def scratch_names(select_id: str) -> tuple[str, str]:
-    """State buffers the select group needs as scratch: scores [pools] f32, pool ids [top-k] i32."""
-    return f"{select_id}.scores", f"{select_id}.sel_pools"
+def scratch_names(select_id: str) -> tuple[str, str, str]:
+    """State buffers the select launch needs as scratch: scores, key histogram, arrival counter."""
+    return f"{select_id}.scores", f"{select_id}.hist", f"{select_id}.arrive"
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -41,10 +45,53 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         if node.op == "kpool_compress":
             launches.append(_store(ctx, group, node))
         elif node.op == "index_select":
-            launches.extend(_select(ctx, group, node))
+            launches.append(_select(ctx, group, node))
         else:
             raise LoweringError(f"dsa_indexer has no kernel for {node.op}", f"node {node.id}")
     return launches
+
+
+def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
+    return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}, {_cbool(fp8)}>",
+                          STORE_PARAMS)
+
+
+def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool) -> KernelInstance:
+    return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_select<{heads}, {d}, {kp}, "
+                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}>", SELECT_PARAMS)
+
+
+def select_blocks(target: str, capacity_pools: int) -> int:
+    """One CTA per SM, but no more than the context's 32-pool chunks (each CTA scores whole chunks)."""
+    return max(1, min(get_target(target).sms, -(-capacity_pools // SELECT_CHUNK)))
+
+
+def _cbool(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _fp8(ctx: LowerCtx) -> bool:
+    return ctx.plan.options.index_cache == "fp8"
+
+
+def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
+    """(pool_keys, pool_codes, pool_scales) of the index cache; the unused form's pointers NULL."""
+    if _fp8(ctx):
+        return (NULL, ctx.state(f"{pool_node_id}.pool_codes", "uint8_t"),
+                ctx.state(f"{pool_node_id}.pool_scales", "float"))
+    return ctx.state(f"{pool_node_id}.pool_keys", "float"), NULL, NULL
+
+
+def check_select_sizes(heads: int, d: int, topk_pools: int, fp8: bool, where: str = "") -> None:
+    """The sizes dsa_index_select takes (its static_asserts), as lowering errors."""
+    if d % 32 or d > MAX_HEAD_DIM:
+        raise LoweringError(f"index head width {d}: the select kernel takes a multiple of 32 up to "
+                            f"{MAX_HEAD_DIM}", where)
+    if fp8 and d & (d - 1):
+        raise LoweringError(f"the fp8 index cache rotates a power-of-two width, not {d}", where)
+    if not 1 <= heads <= MAX_HEADS or not 1 <= topk_pools <= SELECT_THREADS:
+        raise LoweringError(f"{heads} index heads, top-{topk_pools} pools: the select kernel takes up to "
+                            f"{MAX_HEADS} heads and {SELECT_THREADS} pools", where)
 
 
 def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
@@ -53,46 +100,39 @@ def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     d, kp = key.dim_value, ctx.sym["index_kpool"]
     if gate.dim_value != d:
         raise LoweringError(f"gate width {gate.dim_value} != key width {d}", f"node {node.id}")
+    if d % 32 or d > 1024 or (_fp8(ctx) and d & (d - 1)):
+        raise LoweringError(f"index key width {d}: one thread per channel in whole warps (a power of two "
+                            "for the fp8 index cache)", f"node {node.id}")
     rows = state_buffer(ctx, f"{node.id}.tail_keys").shape[0]
     if rows % kp:
         raise LoweringError(f"tail rows {rows} are not whole pools of {kp}", f"node {node.id}")
-    inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}>", STORE_PARAMS)
+    inst = store_instance(d, kp, _fp8(ctx))
     args = (ctx.buf(key), ctx.buf(gate), ctx.weight(node, "slot_bias", ctype="float"),
             ctx.state(f"{node.id}.tail_keys", BF), ctx.state(f"{node.id}.tail_gates", BF), lit(rows),
-            ctx.state(f"{node.id}.pool_keys", "float"), StepInput("POS"))
+            *_pool_args(ctx, node.id), StepInput("POS"))
     return Launch(inst, grid=(1, 1, 1), block=(d, 1, 1), smem=0, args=args, group=group.id, nodes=(node.id,))
 
 
-def _select(ctx: LowerCtx, group: LoweredGroup, node) -> list[Launch]:
+def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     q, raw_w, sel = ctx.input(node, "iq"), ctx.input(node, "iw"), ctx.output(node)
     one_row(ctx, node, q)
     pool = block_node(ctx, node, "kpool_compress")
     heads, kp, topk = raw_w.dim_value, ctx.sym["index_kpool"], sel.dim_value   # the edge counts pools
+    where = f"node {node.id}"
     if q.dim_value % heads:
-        raise LoweringError(f"index queries ({q.dim_value}) are not {heads} whole heads", f"node {node.id}")
+        raise LoweringError(f"index queries ({q.dim_value}) are not {heads} whole heads", where)
     d = q.dim_value // heads
+    check_select_sizes(heads, d, topk, _fp8(ctx), where)
     if buffer_elements(ctx.bp, sel) != (topk + 1) * kp:
-        raise LoweringError("selection buffer is not (top-k pools + 1) x K_P token ids", f"node {node.id}")
-    capacity = state_buffer(ctx, f"{pool.id}.pool_keys").shape[0]
-    scores, sel_pools = scratch_names(node.id)
-    for name in (scores, sel_pools):
-        if not any(s.name == name for s in ctx.plan.state):
-            raise LoweringError(f"no scratch state buffer {name}: plan_memory must allocate it for "
-                                f"index:read nodes", f"node {node.id}")
-    pool_keys = ctx.state(f"{pool.id}.pool_keys", "float")
-    score_inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_scores<{heads}, {d}, {kp}>",
-                                SCORE_PARAMS)
-    topk_inst = KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_topk_select<{kp}, {topk}>",
-                               TOPK_PARAMS)
-    # Enough blocks for every pool of the context; those past the valid pools exit at once.
-    blocks = max(1, -(-capacity // SCORE_THREADS))
-    return [
-        Launch(score_inst, grid=(blocks, 1, 1), block=(SCORE_THREADS, 1, 1), smem=0,
-               args=(ctx.buf(q, "float"), ctx.buf(raw_w, "float"), pool_keys, StepInput("SEQ"), StepInput("POS"),
-                     ctx.state(scores, "float")),
-               group=group.id, nodes=(node.id,), note="scores"),
-        Launch(topk_inst, grid=(1, 1, 1), block=(TOPK_THREADS, 1, 1), smem=0,
-               args=(ctx.state(scores, "float"), StepInput("SEQ"), StepInput("POS"), ctx.state(sel_pools, "int32_t"),
-                     ctx.buf(sel, "int32_t")),
-               group=group.id, nodes=(node.id,), note="top-k + expansion"),
-    ]
+        raise LoweringError("selection buffer is not (top-k pools + 1) x K_P token ids", where)
+    scores, hist, arrive = scratch_names(node.id)
+    capacity = state_buffer(ctx, scores).shape[0]
+    if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
+        raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
+    blocks = select_blocks(ctx.plan.options.target, capacity)
+    inst = select_instance(heads, d, kp, topk, _fp8(ctx))
+    args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
+            StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
+            ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
+    return Launch(inst, grid=(blocks, 1, 1), block=(SELECT_THREADS, 1, 1), smem=0, args=args, group=group.id,
+                  nodes=(node.id,), note="scores + top-k + expansion")

@@ -25,6 +25,7 @@ from kbpc.codegen.families._projection import BF16, materialized, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node
+from kbpc.targets import get_target
 
 HEADER = "glm_moe_layer.cuh"
 THREADS = 256
@@ -34,7 +35,6 @@ SMEM_PER_SM = 226 * 1024        # usable shared memory of an sm_90 SM (228 KB le
 MAX_STAGES = 4
 CTAS_PER_SM = (2, 1)            # preferred CTAs per SM, then the fallback for large activations
 MIN_ITEMS_PER_CTA = 2           # below this many routed items per CTA, split K
-SM_COUNT = {"sm_90": 132, "sm_100": 148, "sm_120": 84, "sm_121": 48}  # the target's largest part
 KERNEL_RENORM_EPS = np.float32(1e-20)   # router_topk_row's fixed renormalisation epsilon
 CB, CU8, CF = f"const {BF16}*", "const uint8_t*", "const float*"
 # kbp::moe_layer's parameters in order: (name, C++ type).
@@ -195,7 +195,7 @@ def _tap(ctx: LowerCtx, node: Node, name: str | None, ctype: str):
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     r = _roles(ctx, group)
     shape = _shape(ctx, r, group)
-    plan = plan_moe_layer(shape, SM_COUNT.get(ctx.plan.options.target, 132))
+    plan = plan_moe_layer(shape, get_target(ctx.plan.options.target).sms)
     gu, dn, sh, shd = r["expert_gate_up"], r["expert_down"], r.get("shared_gate_up"), r.get("shared_down")
 
     def experts(node):

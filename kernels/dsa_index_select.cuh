@@ -1,0 +1,378 @@
+// dsa_index_select.cuh: the indexer's selection in one launch over the whole GPU: pool scores
+// for all index heads, a deterministic top-k of the pools, and their expansion to token ids
+// (family header dsa_indexer.cuh: state, math, order).
+//
+// Launch contract
+//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
+//       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
+//   q float [H][D]; raw_w float [H] = (W_w x)_h; pool keys as the family header says (FP8 picks
+//   pool_codes + pool_scales, else pool_keys; the other pointers may be null); scores float
+//   [capacity]; hist uint32 [2^BITS] and arrive uint32 [1], both zero at launch and left zero;
+//   sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
+//   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
+//
+// Work. Phase 1, every CTA: the valid pools are cut into G contiguous ranges of whole 32-pool
+// chunks; a CTA stages its chunks in shared memory (cp.async, double-buffered; the FP8 cache is
+// read back through the inverse rotation there), warps score them (a warp holds HW heads' queries
+// and reduces 32 (pool, head) dot products at once with one transposed butterfly), and each pool's
+// head terms are summed in head order. The CTA writes its scores and adds a histogram of their
+// keys' first BITS bits to `hist`. Phase 2, the last CTA to arrive (a fenced counter): finds the
+// histogram bin holding the k-th largest key, gathers the keys above it and in it (one pass over
+// the scores), selects the top k in the total order by a radix select over the 64-bit rank keys
+// (score key, complemented pool index) in shared memory, or, when the bin holds more candidates
+// than fit, by radix passes over the scores in memory; sorts the k by rank (bitonic) and expands
+// them. It clears `hist` and `arrive` for the next launch.
+#pragma once
+
+#include "dsa_indexer_common.cuh"
+
+namespace kbp {
+
+constexpr int DSA_SELECT_THREADS = 512;
+constexpr int DSA_SELECT_WARPS = DSA_SELECT_THREADS / 32;
+constexpr int DSA_SELECT_CHUNK = 32;        // pools staged and scored per step
+constexpr int DSA_SELECT_RANK_SLOTS = 4096; // 64-bit rank keys in shared memory: candidates + sorted
+
+// Heads per warp: 8, or the next power of two of H when H < 8.
+__host__ __device__ constexpr int dsa_heads_per_warp(int h) { return h >= 8 ? 8 : dsa_pow2_at_least(h); }
+
+template <int H, int D, bool FP8>
+struct DsaSelectPhase1 {
+    static constexpr int RAW = FP8 ? 1 : 4;   // bytes per staged channel
+    alignas(16) uint8_t raw[2][DSA_SELECT_CHUNK * D * RAW];   // double-buffered staging
+    float scales[2][DSA_SELECT_CHUNK];                        // FP8 only
+    alignas(16) float keys[FP8 ? DSA_SELECT_CHUNK * D : 1];  // FP8 only: the read-back keys
+    float terms[DSA_SELECT_CHUNK][H + 1];
+};
+
+template <int H, int D, bool FP8, int BITS>
+struct DsaSelectSmem {
+    union {
+        DsaSelectPhase1<H, D, FP8> p1;
+        unsigned long long rank[DSA_SELECT_RANK_SLOTS];       // phase 2: candidates, then sorted
+    };
+    uint32_t hist[1 << BITS];
+    uint32_t wsum[DSA_SELECT_WARPS];
+    uint32_t count, count2, bin, n_gt, digit, above;
+    int last;
+};
+
+// Warp-aggregated shared-memory atomics (many lanes hit the same word in the selection's passes):
+// a slot of an append counter for each calling lane, and a histogram increment.
+__device__ __forceinline__ uint32_t dsa_append_slot(uint32_t* count) {
+    const unsigned active = __activemask();
+    const int lane = threadIdx.x & 31, leader = __ffs(active) - 1;
+    uint32_t base = 0;
+    if (lane == leader) base = atomicAdd(count, (uint32_t)__popc(active));
+    base = __shfl_sync(active, base, leader);
+    return base + (uint32_t)__popc(active & ((1u << lane) - 1u));
+}
+__device__ __forceinline__ void dsa_hist_add(uint32_t* h, uint32_t bin) {
+    const unsigned active = __activemask();
+    const unsigned peers = __match_any_sync(active, bin);
+    if ((peers & ((1u << (threadIdx.x & 31)) - 1u)) == 0) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+}
+
+// Warp 0 picks the digit d of an nb-bin histogram (nb <= 256) with above(d) < kk <= above(d) +
+// h[d], above(d) = sum of the bins above d; writes d and above(d) to the shared slots.
+__device__ __forceinline__ void dsa_pick_digit(const uint32_t* h, int nb, uint32_t kk, uint32_t* digit,
+                                               uint32_t* above_out) {
+    const int lane = threadIdx.x & 31;
+    uint32_t local = 0;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) local += 8 * lane + b < nb ? h[8 * lane + b] : 0u;
+    uint32_t incl = local;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const uint32_t t = __shfl_down_sync(0xffffffffu, incl, off);
+        if (lane + off < 32) incl += t;
+    }
+    uint32_t above = incl - local;
+    if (above < kk && kk <= incl) {
+        for (int b = 7; b >= 0; --b) {
+            const uint32_t c = 8 * lane + b < nb ? h[8 * lane + b] : 0u;
+            if (above + c >= kk) {
+                *digit = (uint32_t)(8 * lane + b);
+                *above_out = above;
+                break;
+            }
+            above += c;
+        }
+    }
+}
+
+// Radix select, most significant digit first, of the kk-th largest rank key among the elements
+// `each` visits (every element shares bits [top, 64) with `prefix`). Returns T with exactly kk
+// elements >= T. h is >= 256 words of shared scratch; called by the whole block.
+template <typename Each>
+__device__ unsigned long long dsa_radix_select(Each each, unsigned long long prefix, int top, uint32_t kk,
+                                               uint32_t* h, uint32_t* digit, uint32_t* above) {
+    while (true) {
+        const int shift = top > 8 ? top - 8 : 0, nb = 1 << (top - shift);
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) h[i] = 0;
+        __syncthreads();
+        each([&](unsigned long long x) {
+            if (top == 64 || (x >> top) == (prefix >> top)) dsa_hist_add(h, (uint32_t)((x >> shift) & (nb - 1)));
+        });
+        __syncthreads();
+        if (threadIdx.x < 32) dsa_pick_digit(h, nb, kk, digit, above);
+        __syncthreads();
+        const uint32_t d = *digit, a = *above, cnt = h[d];
+        __syncthreads();   // the scratch is cleared at the top of the next pass
+        prefix |= (unsigned long long)d << shift;
+        kk -= a;
+        top = shift;
+        if (cnt == kk || top == 0) return prefix;
+    }
+}
+
+// Visit (score, index) for every score of scores[0, n) (written by other CTAs: read from L2),
+// with 16 loads per thread in flight (a single CTA scans up to 131072 pools). scores is 16-byte
+// aligned (a state buffer).
+template <typename Fn>
+__device__ __forceinline__ void dsa_for_each_score(const float* __restrict__ scores, int n, Fn fn) {
+    constexpr int U = 4;   // float4 loads per thread per batch
+    const int tid = threadIdx.x, nt = blockDim.x, n4 = n / 4;
+    const float4* s4 = reinterpret_cast<const float4*>(scores);
+    for (int base = 0; base < n4; base += U * nt) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * nt + tid;
+            if (i < n4) v[u] = __ldcg(s4 + i);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * nt + tid;
+            if (i < n4) {
+                fn(v[u].x, 4 * i);
+                fn(v[u].y, 4 * i + 1);
+                fn(v[u].z, 4 * i + 2);
+                fn(v[u].w, 4 * i + 3);
+            }
+        }
+    }
+    for (int i = 4 * n4 + tid; i < n; i += nt) fn(__ldcg(scores + i), i);
+}
+
+// Exclusive suffix sum over the block of one value per thread (sum over the threads above).
+__device__ __forceinline__ uint32_t dsa_block_suffix(uint32_t v, uint32_t* wsum) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    uint32_t incl = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const uint32_t t = __shfl_down_sync(0xffffffffu, incl, off);
+        if (lane + off < 32) incl += t;
+    }
+    if (lane == 0) wsum[warp] = incl;
+    __syncthreads();
+    uint32_t above = incl - v;
+    for (int w = warp + 1; w < nw; ++w) above += wsum[w];
+    __syncthreads();
+    return above;
+}
+
+// Descending bitonic sort of one 64-bit value per thread (blockDim.x a power of two).
+__device__ __forceinline__ unsigned long long dsa_bitonic_desc(unsigned long long v, unsigned long long* xchg) {
+    const int t = threadIdx.x, n = blockDim.x;
+    for (int size = 2; size <= n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            unsigned long long u;
+            if (stride >= 32) {
+                __syncthreads();
+                xchg[t] = v;
+                __syncthreads();
+                u = xchg[t ^ stride];
+            } else {
+                u = __shfl_xor_sync(0xffffffffu, v, stride);
+            }
+            const bool want_max = ((t & stride) == 0) == ((t & size) == 0);
+            v = want_max ? (v > u ? v : u) : (v < u ? v : u);
+        }
+    }
+    return v;
+}
+
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS>
+__device__ __forceinline__ void dsa_index_select_body(
+    const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
+    const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
+    const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores,
+    uint32_t* __restrict__ ghist, uint32_t* __restrict__ arrive, int32_t* __restrict__ sel_tokens) {
+    constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, J = D / 32, BINS = 1 << BITS;
+    constexpr int HW = dsa_heads_per_warp(H), RP = 32 / HW, NHG = (H + HW - 1) / HW;
+    constexpr int NPS = DSA_SELECT_WARPS / NHG, NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
+    static_assert(D % 32 == 0 && D <= 128, "lane-strided channels, staged 32 pools at a time");
+    static_assert(!FP8 || (D & (D - 1)) == 0, "the rotation needs a power-of-two width");
+    static_assert(H >= 1 && NHG <= DSA_SELECT_WARPS, "at most 128 heads");
+    static_assert(TOPK_POOLS >= 1 && TOPK_POOLS <= NSORT, "the selection is sorted one key per thread");
+    static_assert(BITS >= 9 && BITS <= 16 && BINS % T == 0, "first-digit bins");
+    using Smem = DsaSelectSmem<H, D, FP8, BITS>;
+    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory");
+    __shared__ Smem sm;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
+    const int s_len = seq_len[0], t_pos = tau[0];
+    const int n = dsa_valid_pools(s_len, t_pos, KP), k = dsa_topk_count(s_len, t_pos, KP, TOPK_POOLS);
+    int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
+    per = max(CH, (per + CH - 1) / CH * CH);
+    const int begin = min(n, (int)blockIdx.x * per), end = min(n, begin + per);
+    constexpr int ROW = FP8 ? D : D * 4;   // bytes per pool row
+    const char* rows = FP8 ? (const char*)pool_codes : (const char*)pool_keys;
+    if (begin < end)   // the older pools are history (the newest is staged after the wait)
+        prefetch_l2(rows + (size_t)begin * ROW, (size_t)(end - begin) * ROW, tid, T);
+    ::kbp::pdl_wait();
+
+    for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;
+    const int hg = warp % NHG, ps = warp / NHG;
+    float qr[HW][J], w_lane;
+    {
+        const float inv_sqrt_h = 1.0f / sqrtf((float)H);
+#pragma unroll
+        for (int hl = 0; hl < HW; ++hl)
+#pragma unroll
+            for (int j = 0; j < J; ++j) qr[hl][j] = hg * HW + hl < H ? q[(hg * HW + hl) * D + lane + 32 * j] : 0.0f;
+        const int hw = hg * HW + lane % HW;
+        w_lane = hw < H ? raw_w[hw] * inv_sqrt_h : 0.0f;
+    }
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+
+    auto stage = [&](int c) {
+        const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
+        const char* src = rows + (size_t)start * ROW;
+        for (int i = tid; i < cnt * ROW / 16; i += T) cp_async16(sm.p1.raw[buf] + 16 * i, src + 16 * (size_t)i);
+        if (FP8 && tid < cnt) sm.p1.scales[buf][tid] = pool_scales[start + tid];
+        cp_async_commit();
+    };
+    const int chunks = (end - begin + CH - 1) / CH;
+    if (chunks > 0) stage(0);
+    for (int c = 0; c < chunks; ++c) {
+        const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
+        cp_async_step(stage, c, chunks);
+        const float* kbuf = reinterpret_cast<const float*>(sm.p1.raw[buf]);
+        if constexpr (FP8) {   // read back: ktilde = FWHT(sigma * e4m3(code)) / D, one warp per pool
+            for (int p = warp; p < cnt; p += DSA_SELECT_WARPS) {
+                float v[J];
+                const float sigma = sm.p1.scales[buf][p];
+#pragma unroll
+                for (int j = 0; j < J; ++j) v[j] = e4m3_to_f32(sm.p1.raw[buf][p * D + lane + 32 * j]) * sigma;
+                dsa_fwht_warp<J>(v, lane);
+#pragma unroll
+                for (int j = 0; j < J; ++j) sm.p1.keys[p * D + lane + 32 * j] = __fdiv_rn(v[j], (float)D);
+            }
+            __syncthreads();
+            kbuf = sm.p1.keys;
+        }
+        if (ps < NPS) {
+            for (int r = ps; r * RP < cnt; r += NPS) {
+                float part[32];
+#pragma unroll
+                for (int pl = 0; pl < RP; ++pl) {
+                    float kv[J];
+#pragma unroll
+                    for (int j = 0; j < J; ++j) kv[j] = kbuf[(r * RP + pl) * D + lane + 32 * j];
+#pragma unroll
+                    for (int hl = 0; hl < HW; ++hl) {
+                        float acc = qr[hl][0] * kv[0];
+#pragma unroll
+                        for (int j = 1; j < J; ++j) acc = acc + qr[hl][j] * kv[j];
+                        part[pl * HW + hl] = acc;
+                    }
+                }
+                const float x = transpose_reduce32(part, lane) * inv_sqrt_d;   // slot lane = (pl, hl)
+                const int p = r * RP + lane / HW, h = hg * HW + lane % HW;
+                if (h < H && p < cnt) sm.p1.terms[p][h] = w_lane * (x > 0.0f ? x : 0.0f);
+            }
+        }
+        __syncthreads();
+        if (tid < cnt) {
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int h = 0; h < H; ++h) acc = acc + sm.p1.terms[tid][h];
+            scores[start + tid] = acc;
+            dsa_hist_add(sm.hist, dsa_score_key(acc) >> (32 - BITS));
+        }
+        __syncthreads();   // the staging buffer and the terms are free again
+    }
+    for (int b = tid; b < BINS; b += T)
+        if (sm.hist[b]) atomicAdd(&ghist[b], sm.hist[b]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sm.last = atomicAdd(arrive, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!sm.last) return;
+    __threadfence();   // acquire: every CTA's scores and histogram counts are visible
+
+    // ---- phase 2: the last CTA selects and expands ----
+    if (tid == 0) { arrive[0] = 0; sm.count = 0; }
+    for (int b = tid; b < BINS; b += T) sm.hist[b] = atomicExch(&ghist[b], 0u);
+    __syncthreads();
+    unsigned long long pick = 0;   // this thread's slot of the sorted selection
+    if (k > 0) {
+        constexpr int BPT = BINS / T;   // thread t owns bins [t BPT, t BPT + BPT)
+        uint32_t local = 0;
+#pragma unroll
+        for (int b = 0; b < BPT; ++b) local += sm.hist[tid * BPT + b];
+        uint32_t above = dsa_block_suffix(local, sm.wsum);
+        for (int b = BPT - 1; b >= 0; --b) {
+            const uint32_t c = sm.hist[tid * BPT + b];
+            if (above < (uint32_t)k && above + c >= (uint32_t)k) { sm.bin = tid * BPT + b; sm.n_gt = above; }
+            above += c;
+        }
+        __syncthreads();
+        const uint32_t bin = sm.bin, n_gt = sm.n_gt, need = (uint32_t)k - n_gt;
+        const bool fits = n_gt + sm.hist[bin] <= (uint32_t)CAND;
+        dsa_for_each_score(scores, n, [&](float s, int i) {
+            const uint32_t b = dsa_score_key(s) >> (32 - BITS);
+            if (b > bin || (fits && b == bin)) sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
+        });
+        __syncthreads();
+        unsigned long long thr = 1;   // take every gathered key >= thr
+        if (fits) {
+            const int m = (int)sm.count;
+            if (m > k)
+                thr = dsa_radix_select([&](auto fn) { for (int i = tid; i < m; i += T) fn(sm.rank[i]); },
+                                       0ull, 64, (uint32_t)k, sm.hist, &sm.digit, &sm.above);
+        } else {   // the bin overflows shared memory: select inside it over the scores in memory
+            auto in_bin = [&](auto fn) {
+                dsa_for_each_score(scores, n, [&](float s, int i) {
+                    if (dsa_score_key(s) >> (32 - BITS) == bin) fn(dsa_rank_key(s, i));
+                });
+            };
+            const unsigned long long t_in = dsa_radix_select(in_bin, (unsigned long long)bin << (64 - BITS),
+                                                             64 - BITS, need, sm.hist, &sm.digit, &sm.above);
+            in_bin([&](unsigned long long x) { if (x >= t_in) sm.rank[dsa_append_slot(&sm.count)] = x; });
+            __syncthreads();
+        }
+        // Compact the k selected keys (any order) into the top NSORT slots, which candidates never use.
+        unsigned long long* out = sm.rank + CAND;
+        out[tid] = 0ull;
+        if (tid == 0) sm.count2 = 0;
+        __syncthreads();
+        const int m = (int)sm.count;
+        for (int i = tid; i < m; i += T) {
+            const unsigned long long x = sm.rank[i];
+            if (x >= thr) out[dsa_append_slot(&sm.count2)] = x;
+        }
+        __syncthreads();
+        pick = out[tid];
+    }
+    unsigned long long* sorted = sm.rank + CAND;
+    pick = dsa_bitonic_desc(pick, sorted);
+    __syncthreads();
+    sorted[tid] = pick;
+    __syncthreads();
+    dsa_expand<KP, TOPK_POOLS>([&](int r) { return dsa_rank_index(sorted[r]); }, k, s_len, t_pos, sel_tokens);
+}
+
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS>
+__global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
+    const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
+    const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
+    const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores,
+    uint32_t* __restrict__ hist, uint32_t* __restrict__ arrive, int32_t* __restrict__ sel_tokens) {
+    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
+                                                           tau, scores, hist, arrive, sel_tokens);
+}
+
+}  // namespace kbp

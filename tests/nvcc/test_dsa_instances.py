@@ -1,0 +1,33 @@
+"""The DSA kernel instances the lowerings emit for the seed and the tiny blueprint (FP32 and FP8
+index caches, 4 and 2 heads per decode CTA) compile through the product's kernel-instance template
+for sm_90a without register spills, within the static shared memory limit (no GPU needed)."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from kbpc.toolchain.assets import KERNELS_DIR
+from kbpc.toolchain.nvcc import BASE_FLAGS, nvcc_path
+from kbpc.codegen.emit import _env
+from kbpc.codegen.families import dsa_indexer as lower_dsa
+from kbpc.codegen.families import glm_mla_decode as lower_mla
+
+pytestmark = pytest.mark.nvcc
+
+
+def test_dsa_instances_compile_without_spills(tmp_path):
+    insts = [lower_dsa.select_instance(32, 128, 4, 512, fp8) for fp8 in (False, True)]
+    insts += [lower_dsa.store_instance(128, 4, fp8) for fp8 in (False, True)]
+    insts += [lower_dsa.select_instance(4, 128, 4, 4, False), lower_mla.decode_instance(512, 4),
+              lower_mla.decode_instance(512, 2)]
+    template = _env().get_template("kernel_instance.cu.j2")
+    src = tmp_path / "dsa.cu"
+    src.write_text("\n".join(template.render(inst=i) for i in insts))
+    cmd = [nvcc_path(), *BASE_FLAGS, "-gencode=arch=compute_90a,code=sm_90a", "-c", f"-I{KERNELS_DIR}",
+           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "dsa.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert len(spills) == len(insts) and all(s == ("0", "0") for s in spills), proc.stderr[-3000:]
