@@ -12,6 +12,7 @@ from functools import cached_property
 from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.grouping import Grouping
+from kbpc.ir.parallel import RankShard, TensorParallel
 from kbpc.ir.state import StateBuffer
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
@@ -108,6 +109,8 @@ class Plan:
     state: tuple[StateBuffer, ...] = ()
     fusions: tuple[FusionRecord, ...] = ()
     notes: tuple[str, ...] = ()
+    parallel: TensorParallel | None = None    # tp > 1: the split (split_tensor_parallel)
+    shard: RankShard | None = None            # a rank's own plan: which rank, what it holds
 
     @cached_property
     def grouping(self) -> Grouping:
