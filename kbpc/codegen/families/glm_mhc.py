@@ -11,8 +11,9 @@
   edges are fused; mu then lives in the `<hc_pre>.mix` state buffer (the last CTA of a token reads
   every CTA's mu back), and the per-token arrival counters in `<hc_pre>.counters` (zero at reset,
   left zero by the kernel).
-- glm_hc_post (hc_post): hc_post with R = 1 rank (no tensor parallelism: u is the sublayer's BF16
-  output as is), writing the node's own stream buffer (never in place: the blueprint's stream
+- glm_hc_post (hc_post): hc_post with R rank partials (R = 1 without tensor parallelism: u is the
+  sublayer's BF16 output as is; a rank of a split step reads every rank's slot of the collective
+  region, kbpc/codegen/collectives.py), writing the node's own stream buffer (never in place: the blueprint's stream
   edges are `<prev>.y` in, `<this post>.y` out).
 - glm_hc_contract (hc_contract): hc_head, the stream mean rounded to BF16.
 
@@ -20,6 +21,7 @@ N (n_hc) and D (hidden) come from the edges: a stream row is N*D wide, a BF16 ro
 from __future__ import annotations
 
 from kbpc.codegen.args import NULL, Aggregate, Arg, StatePtr, lit
+from kbpc.codegen.collectives import rank_parts
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
@@ -35,7 +37,6 @@ ROW_THREADS = 32       # expand / post / head: D / 128 small CTAs spread a few K
 ROW_VEC = 4            # 16-byte FP32 stream accesses
 PRE_THREADS = 288      # kbp::mhc::kPreThreads: 256 tree threads + the Sinkhorn warp
 STREAM_OPS = ("hc_post", "hc_expand")
-RANKS = 1              # tensor parallelism is not implemented: one partial sublayer output
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -98,19 +99,19 @@ def _post_operands(ctx: LowerCtx, node: Node) -> tuple[Tensor, Tensor, Tensor, T
     return x, u, post, comb, y
 
 
-def _parts(ctx: LowerCtx, u: Tensor) -> Aggregate:
-    """The rank partial outputs (one rank: the sublayer output as is)."""
-    return Aggregate(f"kbp::mhc::RankParts<{RANKS}>", (Aggregate(None, (ctx.buf(u, f"const {BF16}"),)),))
+def _parts(ctx: LowerCtx, u: Tensor) -> tuple[int, Aggregate]:
+    """(R, the rank partial outputs): one rank's sublayer output as is, or every rank's slot."""
+    return rank_parts(ctx.tp, ctx.buf(u, f"const {BF16}"), buffer_name(ctx.bp, u))
 
 
 def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     x, u, post, comb, y = _post_operands(ctx, node)
     n, d = streams_of(x, u, node)
     rows = ctx.rows(x)
-    parts = f"kbp::mhc::RankParts<{RANKS}>"
-    return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {RANKS}, {vec_width(d, ROW_VEC)}>",
-                       ("const float*", parts, "const float*", "const float*", "float*"),
-                       (ctx.buf(x, "const float"), _parts(ctx, u), ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
+    ranks, parts = _parts(ctx, u)
+    return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {ranks}, {vec_width(d, ROW_VEC)}>",
+                       ("const float*", parts.ctype, "const float*", "const float*", "float*"),
+                       (ctx.buf(x, "const float"), parts, ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
 
 
 def _head(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
@@ -129,14 +130,16 @@ def _state(ctx: LowerCtx, want: StateBuffer, ctype: str, node: Node) -> StatePtr
     return ctx.state(want.name, ctype)
 
 
-def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[Arg, ...]:
-    """PreParams' x, parts, post_in, comb_in, x_out for a pre-mix that runs the previous post-mix."""
+def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[int, tuple[Arg, ...]]:
+    """(R, PreParams' x, parts, post_in, comb_in, x_out) for a pre-mix that runs the previous
+    post-mix."""
     px, u, post, comb, y = _post_operands(ctx, post_node)
     require(x.src == post_node.order, "the fused post-mix must produce the streams the pre-mix reads", post_node)
     require(materialized(ctx, y), f"the post-mix output {y.id} must have a buffer (the next post-mix reads it)",
             post_node)
-    return (ctx.buf(px, "const float"), _parts(ctx, u), ctx.buf(post, "const float"),
-            ctx.buf(comb, "const float"), ctx.buf(y, "float"))
+    ranks, parts = _parts(ctx, u)
+    return ranks, (ctx.buf(px, "const float"), parts, ctx.buf(post, "const float"),
+                   ctx.buf(comb, "const float"), ctx.buf(y, "float"))
 
 
 def _pre_norm(ctx: LowerCtx, group: LoweredGroup, post_node: Node | None) -> Launch:
@@ -160,17 +163,17 @@ def _pre_norm(ctx: LowerCtx, group: LoweredGroup, post_node: Node | None) -> Lau
     mu_ptr = ctx.buf(mu, "float") if materialized(ctx, mu) else _state(ctx, mix_state, "float", pre)
     counters = _state(ctx, counters_state, "unsigned int", pre)
     collapsed = ctx.buf(u) if materialized(ctx, u) else NULL
-    params = f"kbp::mhc::PreParams<{n}, {RANKS}>"
     # Field order of PreParams: x, parts, post_in, comb_in, x_out (the fused post-mix, else unused),
     # phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb.
-    head = (_fused_post(ctx, post_node, x) if post_node is not None else
-            (ctx.buf(x, "const float"), Aggregate(None, (Aggregate(None, (NULL,)),)), NULL, NULL, NULL))
+    ranks, head = (_fused_post(ctx, post_node, x) if post_node is not None else
+                   (1, (ctx.buf(x, "const float"), Aggregate(None, (Aggregate(None, (NULL,)),)), NULL, NULL, NULL)))
+    params = f"kbp::mhc::PreParams<{n}, {ranks}>"
     fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF16), flt(ctx.c.hc_norm_eps), flt(ctx.c.hc_eps), flt(ctx.c.hc_site_norm_eps),
               lit(iters), mu_ptr, counters, collapsed, ctx.buf(normed), ctx.buf(post, "float"),
               ctx.buf(comb, "float"))
     fuse = "true" if post_node is not None else "false"
-    inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, {fuse}, {RANKS}>", (params,))
+    inst = KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_pre_norm<{n}, {d}, {fuse}, {ranks}>", (params,))
     nodes = ((post_node.id,) if post_node is not None else ()) + (mix.id, pre.id, norm.id)
     return Launch(inst, grid=(width, rows, 1), block=(PRE_THREADS, 1, 1), smem=0,
                   args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
