@@ -246,11 +246,14 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--no-act-quant", is_flag=True,
               help="Debugging aid for the reference backend: keep activations in BF16/FP32 where the "
                    "blueprint quantizes them to NVFP4 or FP8 (never the default).")
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="Ranks of a tensor-parallel bundle (one process per GPU on this host; under "
+                   "mpirun each process is one rank). Default: the bundle's.")
 @TRUST_OPTION
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
-        context: int | None, as_json: bool, logits_path: Path | None, no_act_quant: bool,
+        context: int | None, as_json: bool, logits_path: Path | None, no_act_quant: bool, tp: int | None,
         trust_path: Path | None, config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
     or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
@@ -262,6 +265,13 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     from kbpc.runtime.select import open_backend
 
     prompt = _parse_ids(prompt_ids)
+    from kbpc.runtime.tp_run import run_split
+
+    split = run_split(model, tp, prompt, max_new_tokens, weights_source, trust_path)
+    if split is not None:
+        if "rank" not in split:   # mpirun: only rank 0 reports
+            _report_run({"backend": "cuda", "model": str(model), "weights": weights_source, **split}, as_json)
+        return
     ctx = context or len(prompt) + max_new_tokens
     chosen, step_backend, vocab = open_backend(model, backend, weights_source, ctx, trust_path, config_path,
                                                act_quant=not no_act_quant)
@@ -274,15 +284,18 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
                           on_logits=rows.append if logits_path else None)
     if logits_path is not None:
         _write_logits(logits_path, rows)
-    summary = {"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}
+    _report_run({"backend": chosen, "model": str(model), "weights": weights_source, **result.to_json()}, as_json)
+
+
+def _report_run(summary: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"backend: {chosen}   weights: {weights_source}")
-    click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
-    click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
+    click.echo(f"backend: {summary['backend']}   weights: {summary['weights']}")
+    click.echo(f"prompt ids:    {','.join(map(str, summary['prompt_ids']))}")
+    click.echo(f"generated ids: {','.join(map(str, summary['generated_ids']))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
-               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {result.logits_sha256[:16]}")
+               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {summary['logits_sha256'][:16]}")
 
 
 def _write_logits(path: Path, rows: list) -> None:

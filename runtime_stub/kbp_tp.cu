@@ -29,7 +29,8 @@ struct TpState {
     ncclComm_t comm = nullptr;
     ncclWindow_t window = nullptr;
     void* region = nullptr;            // the collective region (ncclMemAlloc)
-    void* staging = nullptr;           // small host exchanges (kbp_tp_exchange), 2 x ranks slots
+    void* staging = nullptr;           // host exchanges (kbp_tp_exchange): in, then ranks x out
+    int exchange = 256;                // bytes per rank an exchange may carry
     cudaStream_t side = nullptr;       // stream of the host exchanges
     int rank = 0, ranks = 1;
     int failed = 0;                    // a wait timed out or NCCL failed: the communicator is aborted
@@ -87,13 +88,16 @@ int kbp_tp_unique_id(unsigned char* out, int size) {
     return 0;
 }
 
-int kbp_tp_init(int rank, int ranks, const unsigned char* id_bytes, int size, int timeout_ms) {
+int kbp_tp_init(int rank, int ranks, const unsigned char* id_bytes, int size, int timeout_ms,
+                int exchange_bytes) {
     const KbpStepInfo& info = kbp_step_info;
     g_tp.rank = rank;
     g_tp.ranks = ranks;
     if (ranks != info.tp_ranks || rank != info.tp_rank)
         return tp_fail("init", "this library was built for another rank or rank count");
     if (size != (int)sizeof(ncclUniqueId)) return tp_fail("init", "wrong unique id size");
+    if (exchange_bytes < 8) return tp_fail("init", "exchanges need at least 8 bytes");
+    g_tp.exchange = (exchange_bytes + 255) / 256 * 256;
     ncclUniqueId id;
     memcpy(&id, id_bytes, sizeof id);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -103,7 +107,8 @@ int kbp_tp_init(int rank, int ranks, const unsigned char* id_bytes, int size, in
         return 1;
     size_t bytes = info.comm_bytes > 0 ? info.comm_bytes : 256;
     if (settle(ncclMemAlloc(&g_tp.region, bytes), "ncclMemAlloc (collective region)", deadline)) return 1;
-    if (settle(ncclMemAlloc(&g_tp.staging, 2 * 256 * (size_t)ranks), "ncclMemAlloc (staging)", deadline)) return 1;
+    if (settle(ncclMemAlloc(&g_tp.staging, (size_t)g_tp.exchange * (1 + ranks)), "ncclMemAlloc (staging)", deadline))
+        return 1;
     if (cudaMemset(g_tp.region, 0, bytes) != cudaSuccess) return tp_fail("init", "clearing the region failed");
     if (settle(ncclCommWindowRegister(g_tp.comm, g_tp.region, bytes, &g_tp.window, NCCL_WIN_COLL_SYMMETRIC),
                "ncclCommWindowRegister", deadline))
@@ -149,14 +154,15 @@ int kbp_tp_wait(cudaStream_t stream, int timeout_ms, const char* what) {
     }
 }
 
-// All-gather `bytes` (<= 256) of host data from every rank into out[ranks][bytes], rank order.
+// All-gather `bytes` (<= the init's exchange_bytes) of host data from every rank into
+// out[ranks][bytes], rank order (the argmax pairs, or the logits slices padded to one size).
 int kbp_tp_exchange(const void* in, void* out, int bytes, int timeout_ms) {
     if (!g_tp.comm || g_tp.failed) return tp_fail("exchange", "no communicator");
-    if (bytes < 1 || bytes > 256) return tp_fail("exchange", "1..256 bytes per rank");
+    if (bytes < 1 || bytes > g_tp.exchange) return tp_fail("exchange", "more bytes than kbp_tp_init allowed");
     char* stage = (char*)g_tp.staging;
     if (cudaMemcpyAsync(stage, in, bytes, cudaMemcpyHostToDevice, g_tp.side) != cudaSuccess)
         return tp_fail("exchange", "copy in failed");
-    char* gathered = stage + 256 * g_tp.ranks;
+    char* gathered = stage + g_tp.exchange;
     ncclResult_t r = ncclAllGather(stage, gathered, bytes, ncclUint8, g_tp.comm, g_tp.side);
     if (settle(r, "ncclAllGather (exchange)", now_ms() + timeout_ms)) return 1;
     if (cudaMemcpyAsync(out, gathered, (size_t)bytes * g_tp.ranks, cudaMemcpyDeviceToHost, g_tp.side) != cudaSuccess)

@@ -31,7 +31,8 @@ class KbpStepInfo(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_int), ("weights", ctypes.c_int), ("state", ctypes.c_int),
                 ("arena_bytes", ctypes.c_ulonglong), ("streams", ctypes.c_int), ("events", ctypes.c_int),
                 ("launches", ctypes.c_int), ("groups", ctypes.c_int), ("vocab", ctypes.c_int), ("logits_bytes", ctypes.c_ulonglong),
-                ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p)]
+                ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p),
+                ("comm_bytes", ctypes.c_ulonglong), ("tp_rank", ctypes.c_int), ("tp_ranks", ctypes.c_int)]
 
 
 def cuda_driver():

@@ -19,13 +19,18 @@ from typing import Callable
 import platformdirs
 
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
+from kbpc.toolchain.nccl import find_nccl
 from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda, nvcc_path, nvcc_version
 from kbpc.errors import BuildError
 from kbpc.targets import Target
 
-def runtime_sources() -> dict[str, str]:
-    """The hand-written runtime compiled into every artifact."""
-    return {f"runtime_stub/{p.name}": p.read_text() for p in sorted(RUNTIME_STUB_DIR.glob("*.cu"))}
+TP_RUNTIME = "kbp_tp.cu"     # the NCCL half of the runtime: tensor-parallel libraries only
+
+
+def runtime_sources(tensor_parallel: bool = False) -> dict[str, str]:
+    """The hand-written runtime compiled into every artifact (with kbp_tp.cu when split)."""
+    return {f"runtime_stub/{p.name}": p.read_text() for p in sorted(RUNTIME_STUB_DIR.glob("*.cu"))
+            if tensor_parallel or p.name != TP_RUNTIME}
 
 
 def default_cache_dir() -> Path:
@@ -54,16 +59,21 @@ def build_flags(target: Target) -> tuple[str, ...]:
 
 
 def build_library(sources: dict[str, str], target: Target, out: Path, *, cache_dir: Path | None = None,
-                  jobs: int | None = None, on_object: Callable[[str, bool], None] | None = None) -> BuildResult:
+                  jobs: int | None = None, on_object: Callable[[str, bool], None] | None = None,
+                  tensor_parallel: bool = False) -> BuildResult:
     """Compile `sources` (relative name -> CUDA text) plus the runtime stub and link them into
-    `out`. `on_object(name, cached)` is called as each object is ready (progress display)."""
+    `out`. `on_object(name, cached)` is called as each object is ready (progress display).
+    tensor_parallel: the library of one rank, with the NCCL runtime and linked against NCCL."""
     cache = Path(cache_dir or default_cache_dir())
     (cache / "src").mkdir(parents=True, exist_ok=True)
     (cache / "obj").mkdir(parents=True, exist_ok=True)
     version = nvcc_version()
-    common = hashlib.sha256(repr((_headers_digest(), build_flags(target), version)).encode()).hexdigest()
+    nccl = find_nccl() if tensor_parallel else None
+    nccl_key = (nccl.version, (nccl.include / "nccl.h").read_bytes()) if nccl else None
+    common = hashlib.sha256(repr((_headers_digest(), build_flags(target), version, nccl_key)).encode()).hexdigest()
+    includes = (nccl.include,) if nccl else ()
     units = dict(sources)
-    units.update(runtime_sources())
+    units.update(runtime_sources(tensor_parallel))
 
     def one(item: tuple[str, str]) -> tuple[Path, bool]:
         name, text = item
@@ -75,7 +85,7 @@ def build_library(sources: dict[str, str], target: Target, out: Path, *, cache_d
             return obj, True
         src = cache / "src" / f"{key}.cu"
         src.write_text(text)
-        compile_cuda(src, obj, target, kind="obj")
+        compile_cuda(src, obj, target, kind="obj", include_dirs=includes)
         if on_object:
             on_object(name, False)
         return obj, False
@@ -84,16 +94,17 @@ def build_library(sources: dict[str, str], target: Target, out: Path, *, cache_d
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(one, sorted(units.items())))
     objects = tuple(obj for obj, _ in results)
-    _link(objects, out, target)
+    _link(objects, out, target, nccl.link_flags if nccl else ())
     cached = sum(1 for _, hit in results if hit)
     return BuildResult(library=out, objects=objects, compiled=len(results) - cached, cached=cached,
                        flags=build_flags(target), nvcc=version)
 
 
-def _link(objects: tuple[Path, ...], out: Path, target: Target) -> None:
+def _link(objects: tuple[Path, ...], out: Path, target: Target, libs: tuple[str, ...] = ()) -> None:
+    """Link (NCCL by its soname, no run path: the runner loads NCCL before the library)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    cmd = [nvcc_path(), *target.gencode, "-shared", "-Xcompiler", "-fPIC", *map(str, objects), "-o", str(tmp)]
+    cmd = [nvcc_path(), *target.gencode, "-shared", "-Xcompiler", "-fPIC", *map(str, objects), *libs, "-o", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

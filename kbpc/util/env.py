@@ -26,7 +26,8 @@ def rank_environment(base: dict[str, str], device: int) -> dict[str, str]:
     """The environment of a rank process the launcher starts on one host: one GPU visible, NVLink
     multicast off in NCCL (the machines require it; kept if the caller set it already)."""
     env = dict(base)
-    env["CUDA_VISIBLE_DEVICES"] = str(device)
+    visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = visible[device].strip() if device < len(visible) else str(device)
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     return env
 

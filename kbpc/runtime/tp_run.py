@@ -1,0 +1,46 @@
+"""`kbpc run BUNDLE --tp R`: a tensor-parallel bundle decoded by its ranks, one process per GPU
+(one host: the launcher of kbpc/runtime/ranks.py; across hosts: `mpirun -n R kbpc run BUNDLE`,
+this process being one rank). Returns the same summary as a one-GPU run, or None when the model
+is not a split bundle and no --tp above 1 was asked for."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kbpc.errors import KbpcError
+from kbpc.runtime.ranks import Deadlines, launch_ranks, rank_command
+from kbpc.util.env import mpi_rank_size
+
+
+def bundle_ranks(model: Path, trust: Path | None) -> int:
+    """The ranks a bundle was split over (1 for a blueprint or an unsplit bundle)."""
+    from kbpc.runtime.select import is_bundle
+
+    if not is_bundle(model):
+        return 1
+    from kbpc.bundle.container import open_bundle
+    from kbpc.bundle.keys import Keyring, trusted_keyring
+
+    with open_bundle(model, Keyring.load(trust) if trust else trusted_keyring()) as bundle:
+        return int(bundle.manifest.get("tp_size") or 1)
+
+
+def run_split(model: Path, tp: int | None, prompt: list[int], max_new_tokens: int, weights: str,
+              trust: Path | None, step_timeout_s: float = 60.0) -> dict | None:
+    ranks = bundle_ranks(model, trust)
+    if tp is not None and tp != ranks:
+        raise KbpcError(f"the model is split over {ranks} rank(s); compile it with --tp {tp} first "
+                        f"(kbpc compile BLUEPRINT --tp {tp})" if ranks == 1 else
+                        f"the bundle is split over {ranks} ranks, not {tp}", "--tp")
+    mpi = mpi_rank_size()
+    if ranks == 1 and mpi is None:
+        return None
+    settings = {"bundle": str(Path(model).resolve()), "ranks": ranks, "weights": weights, "prompt": prompt,
+                "max_new_tokens": max_new_tokens, "trust": str(trust) if trust else None,
+                "timeout_s": step_timeout_s}
+    if mpi is not None:
+        from kbpc.runtime.rank_worker import mpi_main
+        if mpi[1] != ranks:
+            raise KbpcError(f"mpirun started {mpi[1]} processes for a bundle of {ranks} ranks", "mpirun -n")
+        return mpi_main(settings) or {"rank": mpi[0]}
+    return launch_ranks(rank_command(settings), ranks,
+                        Deadlines(first_step_s=step_timeout_s, step_s=step_timeout_s))
