@@ -34,11 +34,14 @@ def main() -> None:
                                       "(4300 = measured H200 copy bandwidth).")
 @click.option("--context", type=click.IntRange(min=0), default=None,
               help="Also estimate the bytes a step moves at this context (activations, state, caches).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="A blueprint: also show its split over this many ranks (bytes per token per rank, "
+                   "collectives per step).")
 @CONFIG_OPTION
 @TRUST_OPTION
 @reports_errors
-def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | None, config_path: Path | None,
-            trust_path: Path | None) -> None:
+def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | None, tp: int,
+            config_path: Path | None, trust_path: Path | None) -> None:
     """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
     weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
     verified .kbp bundle holds (manifest, signer, target, plan digest, member sizes)."""
@@ -60,11 +63,21 @@ def inspect(blueprint: Path, as_json: bool, bandwidth: float, context: int | Non
     from kbpc.report.inspect_blueprint import summarize
     from kbpc.report.render import render_blueprint_summary
 
-    summary = summarize(load_blueprint(blueprint, config_path), bandwidth, context)
+    bp = load_blueprint(blueprint, config_path)
+    summary = summarize(bp, bandwidth, context)
+    if tp > 1:
+        from kbpc.ir.plan import Options
+        from kbpc.passes import run_pipeline
+        from kbpc.report.parallel import tp_summary
+
+        summary["tp"] = tp_summary(run_pipeline(bp, Options(tp=tp)))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         render_blueprint_summary(summary, Console())
+        if tp > 1:
+            from kbpc.report.parallel import render_tp
+            render_tp(summary["tp"], Console())
 
 
 @main.command()

@@ -96,7 +96,7 @@ def compile_bundle(req: CompileRequest, on_stage: Callable[[str], None] = lambda
         members = _members(req, bp.raw, plan, rank_sources, libs)
         manifest = _manifest(req, plan, sources, build, fusion)
         if plan.parallel is not None:
-            manifest["tp"] = tp_summary(plan, sources.step.comm_bytes // plan.options.tp)
+            manifest["tp"] = tp_summary(plan, sources.step.comm_bytes // plan.options.tp, sources.step.collective_layout)
             manifest["library"] = manifest["tp"]["library"]
         final = write_bundle(req.output, manifest, members, req.signer)
     return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output),

@@ -67,6 +67,7 @@ void* kbp_stream(KbpHandle* h);                         // the stream a step run
 // kbp_tp_init before kbp_create; the step's all-gathers go through kbp_tp_all_gather.
 int kbp_tp_unique_id(unsigned char* out, int size);
 int kbp_tp_init(int rank, int ranks, const unsigned char* id, int size, int timeout_ms, int exchange_bytes);
+int kbp_tp_init_loopback(void* region, int rank);     // one rank alone, no NCCL (tests)
 void* kbp_tp_comm_buffer(void);
 cudaError_t kbp_tp_all_gather(void* base, size_t slot_bytes, cudaStream_t stream);
 int kbp_tp_wait(cudaStream_t stream, int timeout_ms, const char* what);

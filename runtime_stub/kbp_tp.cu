@@ -34,6 +34,7 @@ struct TpState {
     cudaStream_t side = nullptr;       // stream of the host exchanges
     int rank = 0, ranks = 1;
     int failed = 0;                    // a wait timed out or NCCL failed: the communicator is aborted
+    int loopback = 0;                  // one rank alone (tests): all-gathers are no-ops
 };
 
 TpState g_tp;
@@ -118,10 +119,24 @@ int kbp_tp_init(int rank, int ranks, const unsigned char* id_bytes, int size, in
     return 0;
 }
 
+// One rank without NCCL (tests on one GPU): the caller owns `region` and fills the other ranks'
+// slots before each step; the step's all-gathers do nothing.
+int kbp_tp_init_loopback(void* region, int rank) {
+    const KbpStepInfo& info = kbp_step_info;
+    if (rank != info.tp_rank) return tp_fail("loopback", "this library was built for another rank");
+    g_tp = TpState();
+    g_tp.region = region;
+    g_tp.rank = rank;
+    g_tp.ranks = info.tp_ranks;
+    g_tp.loopback = 1;
+    return 0;
+}
+
 void* kbp_tp_comm_buffer(void) { return g_tp.region; }
 
 // The step's collective: slot `rank` of `base` (slot_bytes each) to every rank's same slot.
 cudaError_t kbp_tp_all_gather(void* base, size_t slot_bytes, cudaStream_t stream) {
+    if (g_tp.loopback) return cudaSuccess;
     if (!g_tp.comm || g_tp.failed) return cudaErrorNotReady;
     char* slots = (char*)base;
     ncclResult_t r = ncclAllGather(slots + slot_bytes * g_tp.rank, slots, slot_bytes, ncclUint8, g_tp.comm, stream);
@@ -171,7 +186,10 @@ int kbp_tp_exchange(const void* in, void* out, int bytes, int timeout_ms) {
 }
 
 int kbp_tp_finalize(void) {
-    if (!g_tp.comm) return 0;
+    if (!g_tp.comm) {
+        g_tp = TpState();
+        return 0;
+    }
     if (!g_tp.failed) {
         if (g_tp.window) ncclCommWindowDeregister(g_tp.comm, g_tp.window);
         ncclCommDestroy(g_tp.comm);

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kbpc.bundle.container import Bundle
+from kbpc.report.parallel import render_tp
 from kbpc.report.render import kv_table, human_bytes
 
 _MEMBER_ROWS = 60  # longer member lists are cut, with the directory totals still complete
@@ -34,6 +35,7 @@ def summarize_bundle(bundle: Bundle) -> dict[str, Any]:
         "target": m.get("target"),
         "numerics": (m.get("options") or {}).get("numerics"),
         "tp_size": m.get("tp_size"),
+        "tp": m.get("tp"),
         "toolchain": m.get("toolchain"),
         "step": m.get("step"),
         "signers": list(bundle.signers),
@@ -69,6 +71,8 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
                     f"(file {human_bytes(s['file_bytes'])})"),
     ]
     console.print(kv_table("Bundle", overview))
+    if s.get("tp"):
+        render_tp(s["tp"], console)
     dirs = Table(title="Members by directory", title_justify="left")
     for col in ("directory", "files", "bytes"):
         dirs.add_column(col, justify="left" if col == "directory" else "right")

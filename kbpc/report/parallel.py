@@ -40,9 +40,10 @@ def _nbytes(shape, w) -> int:
     return prod(shape) * STORAGE_BYTES[w.storage]
 
 
-def tp_summary(plan: Plan, slot_bytes: int = 0) -> dict[str, Any] | None:
+def tp_summary(plan: Plan, slot_bytes: int = 0, layout=None) -> dict[str, Any] | None:
     """The split of a plan (None when tp = 1). `slot_bytes`: the BF16 partial rows all-gathered
-    per step by one rank (the sum over its post-mix sites), when the step program is known."""
+    per step by one rank (the sum over its post-mix sites), and `layout` the collective region
+    (kbpc.codegen.collectives.TpStep, the same on every rank), when the step program is known."""
     tp: TensorParallel | None = plan.parallel
     if tp is None:
         return None
@@ -55,6 +56,9 @@ def tp_summary(plan: Plan, slot_bytes: int = 0) -> dict[str, Any] | None:
         "replicated": list(tp.replicated),
         "collectives_per_step": tp.collectives_per_step,
         "partials": list(tp.shards[0].partials),
+        "comm_bytes": layout.comm_bytes if layout is not None else None,
+        "sites": [{"buffer": c.buffer, "offset": c.offset, "slot_bytes": c.slot_bytes}
+                  for c in (layout.sites if layout is not None else ())],
         "library": {f"rank{s.rank}": lib_path(s.rank) for s in tp.shards},
         "per_rank": [_rank(s, slot_bytes) for s in tp.shards],
     }

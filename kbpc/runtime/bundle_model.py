@@ -17,6 +17,7 @@ from kbpc.ir.graph import Blueprint
 class BundleModel:
     bundle: Bundle
     blueprint: Blueprint
+    trust_sources: tuple[str, ...] = ()     # the keyring files it was verified with (rank processes)
 
     @property
     def manifest(self) -> dict:
@@ -24,7 +25,8 @@ class BundleModel:
 
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
-    bundle = open_bundle(path, trust if trust is not None else trusted_keyring())
+    trust = trust if trust is not None else trusted_keyring()
+    bundle = open_bundle(path, trust)
     doc = json.loads(bundle.read("graph.json"))
     cfg = bundle.manifest.get("model_config") or {}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -34,4 +36,4 @@ def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
         bp = blueprint_from_doc(doc, f"{path}:graph.json", cfg_path)
     finally:
         cfg_path.unlink(missing_ok=True)
-    return BundleModel(bundle, bp)
+    return BundleModel(bundle, bp, tuple(trust.sources))

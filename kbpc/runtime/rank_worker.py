@@ -2,8 +2,11 @@
 launcher (kbpc/runtime/ranks.py: events on stdout, the NCCL id on stdin), or `kbpc run` itself
 under mpirun (the id broadcast with mpi4py; rank 0 prints the result).
 
-Settings: bundle, rank, ranks, weights, prompt, max_new_tokens, trust (keyring path or null),
-timeout_s (every wait on the GPU and on the peers)."""
+Settings: bundle, rank, ranks, weights, prompt, max_new_tokens, trust (keyring paths or null),
+timeout_s (every wait on the GPU and on the peers); with `verify` (positions) the ranks run the
+numerics check instead: rank 0 steps the split math's reference (kbpc.reference.tensor_parallel)
+in lockstep, every rank is fed its greedy tokens (teacher forcing, shared through NCCL) and rank
+0's result is the per-position report."""
 from __future__ import annotations
 
 import json
@@ -24,13 +27,13 @@ def run_rank(settings: dict, share_id: Callable[[bytes | None], bytes],
              report: Callable[..., None]) -> dict | None:
     """Run rank settings["rank"]; `share_id(id or None)` gives rank 0's NCCL id to every rank.
     Returns rank 0's result (None on other ranks)."""
-    from kbpc.bundle.keys import Keyring
+    from kbpc.bundle.keys import trusted_keyring
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.generate import generate
     from kbpc.runtime.tp_backend import TpRankBackend, open_rank_library, unique_id
 
     rank = int(settings["rank"])
-    trust = Keyring.load(Path(settings["trust"])) if settings.get("trust") else None
+    trust = trusted_keyring([Path(p) for p in settings["trust"]]) if settings.get("trust") else None
     model = load_bundle_model(Path(settings["bundle"]), trust)
     ranks = int((model.manifest.get("tp") or {}).get("ranks", 1))
     if ranks != int(settings["ranks"]):
@@ -41,11 +44,51 @@ def run_rank(settings: dict, share_id: Callable[[bytes | None], bytes],
         backend = TpRankBackend(model, lib, rank, nccl_id, settings["weights"], float(settings["timeout_s"]))
         try:
             report(event="ready")
-            result = generate(backend, list(settings["prompt"]), int(settings["max_new_tokens"]),
-                              on_token=lambda i: report(event="step", n=i + 1))
+            if settings.get("verify"):
+                out = verify_rank(model, backend, settings, report)
+            else:
+                out = generate(backend, list(settings["prompt"]), int(settings["max_new_tokens"]),
+                               on_token=lambda i: report(event="step", n=i + 1)).to_json()
         finally:
             backend.close()
-    return result.to_json() if rank == 0 else None
+    return out if rank == 0 else None
+
+
+def verify_rank(model, backend, settings: dict, report) -> dict:
+    """Teacher-forced numerics of the split step: rank 0 compares the gathered logits with the
+    reference's at every position; the reference's greedy token feeds every rank."""
+    import struct
+
+    import numpy as np
+
+    from kbpc.ir.plan import Options
+    from kbpc.passes import run_pipeline
+    from kbpc.reference.tensor_parallel import RankedReference
+    from kbpc.runtime.numerics import NumericsReport
+    from kbpc.runtime.reference_backend import load_weights
+
+    positions = int(settings["verify"])
+    options = Options(**model.manifest["options"])
+    mode = options.numerics
+    out = NumericsReport(positions, mode)
+    ref = None
+    if backend.rank == 0:
+        bp = model.blueprint
+        ref = RankedReference(run_pipeline(bp, options), load_weights(bp, settings["weights"]), positions)
+    token = int(settings.get("first_token", 1))
+    for pos in range(positions):
+        logits, nxt = backend.step(token)
+        if ref is not None:
+            want, ref_next = ref.step(token)
+            want = np.asarray(want, np.float64).ravel()
+            diff = np.linalg.norm(np.asarray(logits, np.float64).ravel() - want)
+            out.rel_l2.append(float(diff / (np.linalg.norm(want) or 1.0)))
+            out.same_token.append(nxt == ref_next)
+            nxt = ref_next
+        shared = backend._exchange(struct.pack("<i", nxt), 4)
+        token = struct.unpack("<i", shared[0][:4])[0]
+        report(event="step", n=pos + 1)
+    return out.to_json()
 
 
 def launcher_main(settings: dict) -> int:

@@ -42,6 +42,7 @@ def open_rank_library(model: BundleModel, rank: int, tmp: Path) -> ctypes.CDLL:
     lib.kbp_tp_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.kbp_tp_wait.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
     lib.kbp_tp_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.kbp_tp_init_loopback.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.kbp_tp_last_error.restype = ctypes.c_char_p
     lib.kbp_stream.restype = ctypes.c_void_p
     lib.kbp_stream.argtypes = [ctypes.c_void_p]
@@ -57,10 +58,11 @@ def unique_id(lib: ctypes.CDLL) -> bytes:
 
 class TpRankBackend:
     """Rank `rank` of a split bundle; `step(token)` -> (full logits float32, greedy token), the
-    same on every rank."""
+    same on every rank. Without an NCCL id (nccl_id None) the rank runs alone on its GPU with no
+    NCCL call: `step_alone` takes the other ranks' partial outputs from the caller (tests)."""
 
-    def __init__(self, model: BundleModel, lib: ctypes.CDLL, rank: int, nccl_id: bytes, weights_source: str,
-                 timeout_s: float = 60.0):
+    def __init__(self, model: BundleModel, lib: ctypes.CDLL, rank: int, nccl_id: bytes | None,
+                 weights_source: str, timeout_s: float = 60.0):
         self.cuda = cuda = cuda_driver()
         tp = model.manifest.get("tp")
         if not tp or not 0 <= rank < tp["ranks"]:
@@ -87,7 +89,15 @@ class TpRankBackend:
         self._load(weights_source)
         self._reset_state(model.manifest["state"], state_sizes)
         slot = 2 * max(c for _, c in self.vocab_slices)
-        if lib.kbp_tp_init(rank, self.ranks, nccl_id, len(nccl_id), self.timeout_ms, slot):
+        self.sites = tp["sites"]
+        self.region = None
+        if nccl_id is None:
+            self.region = cuda.mem_alloc(max(1, info.comm_bytes))
+            cuda.memset_d8(self.region, 0, max(1, info.comm_bytes))
+            failed = lib.kbp_tp_init_loopback(ctypes.c_void_p(int(self.region)), rank)
+        else:
+            failed = lib.kbp_tp_init(rank, self.ranks, nccl_id, len(nccl_id), self.timeout_ms, slot)
+        if failed:
             raise DeviceError(lib.kbp_tp_last_error().decode())
         wptrs = (ctypes.c_void_p * max(1, len(self.weights)))(*[int(w) for w in self.weights])
         sptrs = (ctypes.c_void_p * max(1, len(self.state)))(*[int(s) for s in self.state])
@@ -179,8 +189,31 @@ class TpRankBackend:
                                  for p, (_, c) in zip(parts, self.vocab_slices)])
         return logits, combine_argmax(pairs)
 
+    def step_alone(self, token: int, others: list[dict[int, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One step of this rank alone (loopback): `others[i][r]` is rank r's BF16 partial (bits)
+        at post-mix site i, written into the region before the step. Returns this rank's logits
+        slice and its own partial at every site (BF16 bits)."""
+        for site, parts in zip(self.sites, others):
+            for r, bits in parts.items():
+                if r != self.rank:
+                    self.cuda.memcpy_htod(int(self.region) + site["offset"] + r * site["slot_bytes"],
+                                          np.ascontiguousarray(bits, np.uint16))
+        if self.lib.kbp_step(self.handle, int(token), self.position) or self.lib.kbp_sync(self.handle):
+            raise DeviceError(f"decode step failed: {self.lib.kbp_last_error().decode()}")
+        self.position += 1
+        self.cuda.memcpy_dtoh(self._local, self.lib.kbp_logits(self.handle))
+        own = []
+        for site, parts in zip(self.sites, others):
+            out = np.empty_like(np.asarray(next(iter(parts.values())), np.uint16))
+            self.cuda.memcpy_dtoh(out, int(self.region) + site["offset"] + self.rank * site["slot_bytes"])
+            own.append(out)
+        return bf16_from_bits(self._local), own
+
     def close(self) -> None:
         if getattr(self, "handle", None):
             self.lib.kbp_destroy(self.handle)
             self.handle = None
         self.lib.kbp_tp_finalize()
+        if self.region is not None:
+            self.region.free()
+            self.region = None

@@ -35,7 +35,7 @@ def run_split(model: Path, tp: int | None, prompt: list[int], max_new_tokens: in
     if ranks == 1 and mpi is None:
         return None
     settings = {"bundle": str(Path(model).resolve()), "ranks": ranks, "weights": weights, "prompt": prompt,
-                "max_new_tokens": max_new_tokens, "trust": str(trust) if trust else None,
+                "max_new_tokens": max_new_tokens, "trust": [str(trust)] if trust else None,
                 "timeout_s": step_timeout_s}
     if mpi is not None:
         from kbpc.runtime.rank_worker import mpi_main
@@ -44,3 +44,19 @@ def run_split(model: Path, tp: int | None, prompt: list[int], max_new_tokens: in
         return mpi_main(settings) or {"rank": mpi[0]}
     return launch_ranks(rank_command(settings), ranks,
                         Deadlines(first_step_s=step_timeout_s, step_s=step_timeout_s))
+
+
+def verify_split(model, positions: int, weights: str, first_token: int = 1,
+                 step_timeout_s: float = 600.0):
+    """`kbpc verify --numerics` of a split bundle (a BundleModel): its ranks on this host's GPUs
+    against the split math's reference; rank 0's per-position report."""
+    from kbpc.runtime.numerics import NumericsReport
+
+    ranks = int(model.manifest["tp"]["ranks"])
+    settings = {"bundle": str(Path(model.bundle.path).resolve()), "ranks": ranks, "weights": weights,
+                "prompt": [first_token], "max_new_tokens": 1, "trust": list(model.trust_sources) or None,
+                "timeout_s": 120.0, "verify": positions, "first_token": first_token}
+    got = launch_ranks(rank_command(settings), ranks, Deadlines(first_step_s=step_timeout_s, step_s=step_timeout_s))
+    report = NumericsReport(positions, got["mode"])
+    report.rel_l2, report.same_token = list(got["rel_l2"]), list(got["same_token"])
+    return report
