@@ -280,7 +280,8 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     prompt = _parse_ids(prompt_ids)
     from kbpc.runtime.tp_run import run_split
 
-    split = run_split(model, tp, prompt, max_new_tokens, weights_source, trust_path)
+    split = run_split(model, tp, prompt, max_new_tokens, weights_source, trust_path, backend=backend,
+                      config=config_path)
     if split is not None:
         if "rank" not in split:   # mpirun: only rank 0 reports
             _report_run({"backend": "cuda", "model": str(model), "weights": weights_source, **split}, as_json)

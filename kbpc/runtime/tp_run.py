@@ -25,8 +25,11 @@ def bundle_ranks(model: Path, trust: Path | None) -> int:
 
 
 def run_split(model: Path, tp: int | None, prompt: list[int], max_new_tokens: int, weights: str,
-              trust: Path | None, step_timeout_s: float = 60.0) -> dict | None:
+              trust: Path | None, step_timeout_s: float = 60.0, backend: str = "auto",
+              config: Path | None = None) -> dict | None:
     ranks = bundle_ranks(model, trust)
+    if ranks == 1 and tp is not None and tp > 1 and backend == "reference":
+        return _reference_split(model, tp, prompt, max_new_tokens, weights, config)
     if tp is not None and tp != ranks:
         raise KbpcError(f"the model is split over {ranks} rank(s); compile it with --tp {tp} first "
                         f"(kbpc compile BLUEPRINT --tp {tp})" if ranks == 1 else
@@ -60,3 +63,23 @@ def verify_split(model, positions: int, weights: str, first_token: int = 1,
     report = NumericsReport(positions, got["mode"])
     report.rel_l2, report.same_token = list(got["rel_l2"]), list(got["same_token"])
     return report
+
+
+def _reference_split(blueprint: Path, tp: int, prompt: list[int], max_new_tokens: int, weights: str,
+                     config: Path | None) -> dict:
+    """A blueprint's split math on the CPU: its ranks in the reference interpreter, in lockstep."""
+    from kbpc.frontend.load import load_blueprint
+    from kbpc.ir.plan import Options
+    from kbpc.passes import run_pipeline
+    from kbpc.reference.tensor_parallel import RankedReference
+    from kbpc.runtime.generate import check_prompt, generate
+    from kbpc.runtime.reference_backend import load_weights
+
+    from kbpc.runtime.select import is_bundle
+    if is_bundle(blueprint):
+        raise KbpcError("the reference backend splits a blueprint JSON, not a compiled bundle", "--tp")
+    bp = load_blueprint(blueprint, config)
+    backend = RankedReference(run_pipeline(bp, Options(tp=tp)), load_weights(bp, weights),
+                              len(prompt) + max_new_tokens)
+    check_prompt(prompt, backend.vocab)
+    return {"backend": f"reference x{tp} ranks", **generate(backend, prompt, max_new_tokens).to_json()}
