@@ -68,7 +68,10 @@ def tp_step(plan: Plan) -> TpStep | None:
         offset += slot * shard.ranks
     experts = []
     for ex in shard.experts:
-        ids = buffers[f"{ex.router}.topk_id"]
+        ids = buffers.get(f"{ex.router}.topk_id")
+        if ids is None:
+            raise ValueError(f"expert parallelism rewrites {ex.router}'s ids in their buffer, and they have none "
+                             "(fused into the experts' launch?)")
         experts.append(OwnExperts(ArenaPtr(ids.name, ids.offset, "int"), ids.elements, ex.base, ex.count))
     return TpStep(shard.rank, shard.ranks, tuple(sites), offset, tuple(experts))
 

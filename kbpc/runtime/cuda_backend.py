@@ -73,6 +73,9 @@ class CudaBackend:
         self.cuda = cuda = cuda_driver()
         self.model = model
         manifest = model.manifest
+        if int(manifest.get("tp_size") or 1) > 1:
+            raise DeviceError(f"this bundle is split over {manifest['tp_size']} ranks: kbpc run --tp "
+                              f"{manifest['tp_size']} runs it, one process per GPU (docs/tensor-parallel.md)")
         self.max_context = manifest["options"]["max_context"]
         if max_context is not None and max_context > self.max_context:
             raise DeviceError(f"context {max_context} exceeds the bundle's --max-context {self.max_context}")

@@ -24,10 +24,17 @@ from kbpc.report.parallel import lib_path
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.cuda_backend import _KIND, _STORAGE, _load_library, cuda_driver
 from kbpc.toolchain.nccl import find_nccl
-from kbpc.weights.checkpoint import load_checkpoint
+from kbpc.weights.hf_checkpoint import check_config, is_hf_folder
+from kbpc.weights.shards import checkpoint_shards
 from kbpc.weights.synthetic import BLOCK_SCALE_CODES, FP8_WEIGHT_CODES, parse_seed, rule_for, tensor_key
 
 ID_BYTES = 128          # sizeof(ncclUniqueId)
+
+
+def _shard(w: dict) -> Shard | None:
+    """A manifest weight entry's shard (None: the whole tensor)."""
+    s = w["shard"]
+    return None if s is None else Shard(int(s["axis"]), tuple((int(a), int(b)) for a, b in s["ranges"]))
 
 
 def load_nccl() -> None:
@@ -128,12 +135,16 @@ class TpRankBackend:
         path = Path(source)
         if not path.exists():
             raise WeightsError("no such checkpoint file or folder (or use synthetic:SEED)", source)
-        tensors = load_checkpoint(path, list(self.full.values()))
-        for w, dst in zip(self.shards, self.weights):
-            arr = tensors[w["name"]]
-            if w["shard"] is not None:
-                arr = Shard(w["shard"]["axis"], tuple(map(tuple, w["shard"]["ranges"]))).take(arr)
-            self.cuda.memcpy_htod(dst, np.ascontiguousarray(arr))
+        dst_of = {w["name"]: dst for w, dst in zip(self.shards, self.weights)}
+        shard_of = {w["name"]: _shard(w) for w in self.shards}
+        if is_hf_folder(path):   # converted tensor by tensor (whole), then cut
+            for spec, arr in check_config(self.model.blueprint, path).convert():
+                part = shard_of[spec.name].take(arr) if shard_of[spec.name] else arr
+                self.cuda.memcpy_htod(dst_of[spec.name], np.ascontiguousarray(part))
+            return
+        parts = [(self.full[w["name"]], shard_of[w["name"]]) for w in self.shards]
+        for name, part in checkpoint_shards(path, parts):
+            self.cuda.memcpy_htod(dst_of[name], part)
 
     def _synthetic(self, spec, w: dict, dst, seed: int) -> None:
         rule = rule_for(self.model.blueprint, spec)

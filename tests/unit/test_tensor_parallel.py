@@ -3,6 +3,7 @@ checkpoint, and the split math run rank by rank in the reference interpreter (pa
 outputs summed in rank order before each post-mix) against the unsplit step."""
 from __future__ import annotations
 
+import dataclasses
 from math import prod
 
 import numpy as np
@@ -229,3 +230,22 @@ def test_shards_read_only_their_ranges(tiny):
     bad = {**weights, "l0.kda.o.weight": weights["l0.kda.o.weight"][:, :8]}
     with pytest.raises(KbpcError, match="l0.kda.o.weight has shape"):
         shard_weights(bad, shard)
+
+
+def test_a_rank_reads_its_shards_from_a_checkpoint(tiny, tmp_path):
+    from kbpc.weights.checkpoint import write_checkpoint
+    from kbpc.weights.shards import checkpoint_shards
+
+    bp, weights = tiny
+    plan = run_pipeline(bp, Options(tp=2))
+    path = tmp_path / "tiny.safetensors"
+    write_checkpoint(path, weights, list(plan.weights))
+    full = {w.name: w for w in plan.weights}
+    shard = plan.parallel.shards[1]
+    want = shard_weights(weights, shard)
+    got = dict(checkpoint_shards(path, [(full[w.name], w.shard) for w in shard.weights]))
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    wrong = [(dataclasses.replace(full["l0.kda.o.weight"], shape=(256, 64)), None)]
+    with pytest.raises(KbpcError, match="shape"):
+        list(checkpoint_shards(path, wrong))
