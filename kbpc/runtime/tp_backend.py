@@ -174,13 +174,14 @@ class TpRankBackend:
             copy.set_dst_device(dst)
             copy.dst_x_in_bytes, copy.dst_pitch = done * inner, size * inner
             copy.width_in_bytes, copy.height = (b - a) * inner, max(1, outer)
-            copy(aligned=True)
+            copy(aligned=False)      # cuMemcpy2DUnaligned: any pitch
             done += b - a
 
     def _exchange(self, payload: bytes, width: int) -> list[bytes]:
         out = ctypes.create_string_buffer(width * self.ranks)
         buf = ctypes.create_string_buffer(payload.ljust(width, b"\0"), width)
-        if self.lib.kbp_tp_exchange(buf, out, width, self.timeout_ms):
+        if self.lib.kbp_tp_exchange(ctypes.cast(buf, ctypes.c_void_p), ctypes.cast(out, ctypes.c_void_p), width,
+                                    self.timeout_ms):
             raise DeviceError(self.lib.kbp_tp_last_error().decode())
         return [out.raw[r * width:(r + 1) * width] for r in range(self.ranks)]
 

@@ -29,7 +29,6 @@ from kbpc.tools.shrink import shrink
 from kbpc.weights.synthetic import synthetic_weights
 
 pytestmark = pytest.mark.gpu
-POSITIONS = 12
 DEEP_SIZES = {"hidden": 256, "lin_k_heads": 2, "lin_v_heads": 2, "inter": 512, "moe_inter": 256,
               "shared_inter": 128, "experts": 8, "top_k": 2, "q_lora": 128, "q_heads": 2,
               "index_heads": 4, "index_topk": 16, "vocab": 512}
@@ -71,14 +70,36 @@ def _reference(bundle_blueprint, positions: int):
     return plan, steps
 
 
-@pytest.mark.parametrize("name", ["tiny", "deep"])
-def test_each_rank_alone_matches_the_split_reference(built, name):
+@pytest.mark.parametrize("slots,base,count", [(2, 4, 4), (8, 0, 96), (77, 144, 144), (300, 5, 3)])
+def test_own_experts_through_the_product_launcher(tiny_path, slots, base, count):
+    """tp_collective.cuh's id rewrite, taken from rank 1's step of the tiny example (expert
+    parallel), on fresh random ids (empty slots included) against the reference's rule."""
+    from kbpc.codegen.emit import build_step
+    from kbpc.codegen.records import Launch
+    from kbpc.passes.split_tensor_parallel import rank_plan
+    from kbpc.testing import gpu
+    from kbpc.testing.launchers import launcher
+
+    plan = run_pipeline(load_blueprint(tiny_path), Options(tp=2))
+    step = build_step(rank_plan(plan, 1), "x")
+    own = next(l for g in step.groups for l in g.launches if isinstance(l, Launch) and l.instance.family == "tp")
+    rng = np.random.default_rng()
+    ids = rng.integers(-1, base + 2 * count + 3, slots).astype(np.int32)
+    want = np.where((ids >= base) & (ids < base + count), ids - base, -1)
+    buf = gpu.to_gpu(ids)
+    run = launcher(own.instance)
+    run((-(-slots // 64), 1, 1), (64, 1, 1), buf, slots, base, count)
+    assert np.array_equal(gpu.fetch(buf, "ids"), want)
+
+
+@pytest.mark.parametrize("name,positions", [("tiny", 12), ("deep", 3)])
+def test_each_rank_alone_matches_the_split_reference(built, name, positions):
     from kbpc.runtime.bundle_model import load_bundle_model
     from kbpc.runtime.tp_backend import TpRankBackend, open_rank_library
 
     paths, keys, _ = built
     model = load_bundle_model(paths[name], Keyring.load(keys.public))
-    plan, steps = _reference(model.blueprint, POSITIONS)
+    plan, steps = _reference(model.blueprint, positions)
     for shard in plan.parallel.shards:
         first, count = shard.vocab
         with tempfile.TemporaryDirectory() as tmp:
