@@ -34,9 +34,9 @@ def run_split(model: Path, tp: int | None, prompt: list[int], max_new_tokens: in
         raise KbpcError(f"the model is split over {ranks} rank(s); compile it with --tp {tp} first "
                         f"(kbpc compile BLUEPRINT --tp {tp})" if ranks == 1 else
                         f"the bundle is split over {ranks} ranks, not {tp}", "--tp")
-    mpi = mpi_rank_size()
-    if ranks == 1 and mpi is None:
+    if ranks == 1:
         return None
+    mpi = mpi_rank_size()
     settings = {"bundle": str(Path(model).resolve()), "ranks": ranks, "weights": weights, "prompt": prompt,
                 "max_new_tokens": max_new_tokens, "trust": [str(trust)] if trust else None,
                 "timeout_s": step_timeout_s}

@@ -122,3 +122,19 @@ def test_a_worker_that_cannot_open_its_bundle_reports_an_error(tmp_path):
         launch_ranks(rank_command({"bundle": str(tmp_path / "missing.kbp"), "ranks": 2, "weights": "synthetic:0",
                                    "prompt": [1], "max_new_tokens": 1, "trust": None, "timeout_s": 5}),
                      2, Deadlines(ready_s=60, grace_s=1.0))
+
+
+def test_run_tp_on_the_cpu_and_refusals(tiny_path):
+    from click.testing import CliRunner
+
+    from kbpc.cli import main
+
+    ok = CliRunner().invoke(main, ["run", str(tiny_path), "--tp", "2", "--backend", "reference",
+                                   "--max-new-tokens", "3", "--json"])
+    assert ok.exit_code == 0, ok.output
+    got = json.loads(ok.output)
+    assert got["backend"] == "reference x2 ranks" and len(got["generated_ids"]) == 3
+    refused = CliRunner().invoke(main, ["run", str(tiny_path), "--tp", "2", "--max-new-tokens", "1"])
+    assert refused.exit_code == 2 and "compile it with --tp 2 first" in refused.output
+    odd = CliRunner().invoke(main, ["run", str(tiny_path), "--tp", "3", "--backend", "reference"])
+    assert odd.exit_code == 2 and "does not split over 3 ranks" in odd.output
