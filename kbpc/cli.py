@@ -37,11 +37,14 @@ def main() -> None:
                                       "(4300 = measured H200 copy bandwidth).")
 @click.option("--context", type=click.IntRange(min=0), default=None,
               help="Also estimate the bytes a step moves at this context (activations, state, caches).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="A blueprint: also show its split over this many ranks (bytes per token per rank, "
+                   "collectives per step).")
 @CONFIG_OPTION
 @TRUST_OPTION
 @reports_errors
 def inspect(blueprint: Path, as_json: bool, json_out: Path | None, bandwidth: float, context: int | None,
-            config_path: Path | None, trust_paths: tuple[Path, ...]) -> None:
+            tp: int, config_path: Path | None, trust_paths: tuple[Path, ...]) -> None:
     """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
     weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
     .kbp bundle holds (manifest, signer, target, plan digest, member sizes). A bundle by a signer
@@ -60,9 +63,19 @@ def inspect(blueprint: Path, as_json: bool, json_out: Path | None, bandwidth: fl
     from kbpc.report.inspect_blueprint import summarize
     from kbpc.report.render import render_blueprint_summary
 
-    summary = summarize(load_blueprint(blueprint, config_path), bandwidth, context)
+    bp = load_blueprint(blueprint, config_path)
+    summary = summarize(bp, bandwidth, context)
+    if tp > 1:
+        from kbpc.ir.plan import Options
+        from kbpc.passes import run_pipeline
+        from kbpc.report.parallel import tp_summary
+
+        summary["tp"] = tp_summary(run_pipeline(bp, Options(tp=tp)))
     if not emit_report(summary, as_json, json_out):
         render_blueprint_summary(summary, console())
+        if tp > 1:
+            from kbpc.report.parallel import render_tp
+            render_tp(summary["tp"], console())
 
 
 @main.command()
@@ -248,12 +261,15 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--no-act-quant", is_flag=True,
               help="Debugging aid for the reference backend: keep activations in BF16/FP32 where the "
                    "blueprint quantizes them to NVFP4 or FP8 (never the default).")
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="Ranks of a tensor-parallel bundle (one process per GPU on this host; under "
+                   "mpirun each process is one rank). Default: the bundle's.")
 @TRUST_OPTION
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
         context: int | None, as_json: bool, json_out: Path | None, logits_path: Path | None,
-        no_act_quant: bool, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
+        no_act_quant: bool, tp: int | None, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
     or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
     takes synthetic:SEED, a safetensors checkpoint in kbpc's names, or a Hugging Face checkpoint
@@ -265,6 +281,15 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     from kbpc.runtime.select import choose_backend, is_bundle, open_backend
 
     prompt = _parse_ids(prompt_ids)
+    from kbpc.runtime.tp_run import run_split
+
+    split = run_split(model, tp, prompt, max_new_tokens, weights_source, tuple(trust_paths), backend=backend,
+                      config=config_path)
+    if split is not None:
+        if "rank" not in split:   # mpirun: only rank 0 reports
+            _report_run({"schema": "kbpc-run/v1", "backend": "cuda", "model": str(model),
+                         "weights": weights_source or "default", **split}, as_json, json_out)
+        return
     ctx = context or len(prompt) + max_new_tokens
     source = model
     chosen = choose_backend(model, backend, act_quant=not no_act_quant)
@@ -288,16 +313,18 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
                           on_logits=rows.append if logits_path else None)
     if logits_path is not None:
         _write_logits(logits_path, rows)
-    summary = {"schema": "kbpc-run/v1", "backend": chosen, "model": str(source),
-               "weights": weights_source or "default",
-               **result.to_json()}
+    _report_run({"schema": "kbpc-run/v1", "backend": chosen, "model": str(source),
+                 "weights": weights_source or "default", **result.to_json()}, as_json, json_out)
+
+
+def _report_run(summary: dict, as_json: bool, json_out: Path | None) -> None:
     if emit_report(summary, as_json, json_out):
         return
-    click.echo(f"backend: {chosen}   weights: {weights_source or 'default'}")
-    click.echo(f"prompt ids:    {','.join(map(str, result.prompt_ids))}")
-    click.echo(f"generated ids: {','.join(map(str, result.generated_ids))}")
+    click.echo(f"backend: {summary['backend']}   weights: {summary['weights']}")
+    click.echo(f"prompt ids:    {','.join(map(str, summary['prompt_ids']))}")
+    click.echo(f"generated ids: {','.join(map(str, summary['generated_ids']))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
-               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {result.logits_sha256[:16]}")
+               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {summary['logits_sha256'][:16]}")
 
 
 def _write_logits(path: Path, rows: list) -> None:

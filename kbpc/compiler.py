@@ -27,6 +27,8 @@ from kbpc.ir.plan import Options, Plan
 from kbpc.ir.weights import weight_specs
 from kbpc.passes import run_pipeline
 from kbpc.report.fusion import FusionReport, fusion_report
+from kbpc.report.parallel import lib_path, tp_summary
+from kbpc.passes.split_tensor_parallel import rank_plan
 from kbpc.targets import get_target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR, sources_digest
 from kbpc.toolchain.cache import ObjectCache, default_object_dir, run_bundle_dir
@@ -39,7 +41,7 @@ from kbpc.weights.binding import check_covers, checkpoint_files
 from kbpc.weights.convert import converted_config
 from kbpc.weights.hf_checkpoint import bind, is_hf_folder
 
-LIB_PATH = "lib/rank0/libkbp.so"
+LIB_PATH = lib_path(0)
 
 
 @dataclass(frozen=True)
@@ -86,22 +88,35 @@ def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> 
     on_stage("code generation")
     command = (f"kbpc compile {shlex.quote(req.blueprint.name)} --target {req.options.target} "
                f"--max-context {req.options.max_context}")
-    sources = generate(plan, command)
-    fusion = _fusion_report(bp, req.options, plan, sources)
+    ranks = rank_plans(plan)
+    rank_sources = [generate(rp, command + (f" --tp {req.options.tp} (rank {rp.shard.rank})" if rp.shard else ""))
+                    for rp in ranks]
+    sources = rank_sources[0]
+    fusion = _fusion_report(bp, req.options, ranks[0], sources)
     if req.dump_dir is not None:
-        for rel, text in sources.files.items():
-            path = Path(req.dump_dir) / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        for r, src in enumerate(rank_sources):
+            for rel, text in src.files.items():
+                path = Path(req.dump_dir) / _rank_src(rel, r, len(ranks))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
     on_stage("nvcc")
     target = get_target(req.options.target)
     sweep(cache.temp)      # what compiles killed earlier left behind
     sweep(cache.objects)
     with build_folder(cache.temp) as work:
-        build = build_library(sources.files, target, work, cache, jobs=req.jobs, events=events)
+        libs = []
+        for r, src in enumerate(rank_sources):
+            rank_work = work / f"rank{r}"
+            rank_work.mkdir()
+            build = build_library(src.files, target, rank_work, cache, jobs=req.jobs, events=events,
+                                  tensor_parallel=len(ranks) > 1)
+            libs.append(build.library)
         on_stage("bundle")
-        members = _members(req, bp.raw, plan, sources, build.library)
+        members = _members(req, bp.raw, plan, rank_sources, libs)
         manifest = _manifest(req, plan, sources, build, fusion)
+        if plan.parallel is not None:
+            manifest["tp"] = tp_summary(plan, sources.step.comm_bytes // plan.options.tp, sources.step.collective_layout)
+            manifest["library"] = manifest["tp"]["library"]
         final = write_bundle(req.output, manifest, members, signer)
     cache.trim()
     return CompileResult(manifest=final, plan=plan, build=dataclasses.replace(build, library=req.output),
@@ -117,22 +132,40 @@ def _check_folders(req: CompileRequest) -> None:
         check_writable_dir(Path(req.dump_dir), "--dump-dir folder")
 
 
+def rank_plans(plan: Plan) -> list[Plan]:
+    """The plans whose libraries the bundle holds: the plan itself, or one per rank."""
+    if plan.parallel is None:
+        return [plan]
+    return [rank_plan(plan, r) for r in range(plan.parallel.ranks)]
+
+
+def _rank_src(rel: str, rank: int, ranks: int) -> str:
+    """src/step.cu for one rank; src/rank{r}/step.cu for the ranks of a split bundle."""
+    return rel if ranks == 1 else rel.replace("src/", f"src/rank{rank}/", 1)
+
+
 def _fusion_report(bp, options: Options, plan: Plan, sources: Sources) -> FusionReport:
-    """Launches with and without the fusion pass (the unfused plan is lowered, not rendered)."""
+    """Launches with and without the fusion pass (the unfused plan is lowered, not rendered);
+    for a split plan, rank 0's."""
     after = sum(len(g.launches) for g in sources.step.groups)
     before = after
     if options.fuse:
         unfused = run_pipeline(bp, dataclasses.replace(options, fuse=False))
-        before = sum(len(g.launches) for g in build_step(unfused, "").groups)
+        before = sum(len(g.launches) for g in build_step(rank_plans(unfused)[0], "").groups)
     return fusion_report(plan.fusions, before, after)
 
 
-def _members(req: CompileRequest, raw: dict, plan: Plan, sources: Sources, lib: Path) -> list[Member]:
+def _members(req: CompileRequest, raw: dict, plan: Plan, rank_sources: list[Sources],
+             libs: list[Path]) -> list[Member]:
     members = [Member("graph.json", data=Path(req.blueprint).read_bytes()),
-               Member("plan.json", data=canonical_json(plan.to_json())),
-               Member(LIB_PATH, data=lib.read_bytes())]
-    members += [Member(rel, data=text.encode()) for rel, text in sorted(sources.files.items())]
-    for header in sorted({*sources.step.headers, "kbp_common.cuh"} | _includes(sources)):
+               Member("plan.json", data=canonical_json(plan.to_json()))]
+    members += [Member(lib_path(r), data=lib.read_bytes()) for r, lib in enumerate(libs)]
+    headers: set[str] = set()
+    for r, sources in enumerate(rank_sources):
+        members += [Member(_rank_src(rel, r, len(libs)), data=text.encode())
+                    for rel, text in sorted(sources.files.items())]
+        headers |= {*sources.step.headers, "kbp_common.cuh"} | _includes(sources)
+    for header in sorted(headers):
         members.append(Member(f"src/include/{header}", data=(KERNELS_DIR / header).read_bytes()))
     for stub in sorted(RUNTIME_STUB_DIR.iterdir()):
         if stub.is_file():

@@ -19,6 +19,9 @@ int fail(const char* what, cudaError_t e) {
 
 }  // namespace
 
+// Defined by kbp_tp.cu in tensor-parallel libraries only; null (weak) in a tp = 1 library.
+extern "C" void* kbp_tp_comm_buffer(void) __attribute__((weak));
+
 struct KbpHandle {
     KbpBindings bindings{};
     std::vector<cudaStream_t> streams;
@@ -71,7 +74,13 @@ KbpHandle* kbp_create(void* arena, const void* const* weights, void* const* stat
     if (e == cudaSuccess) e = cudaMalloc(&h->io, 3 * sizeof(int));
     if (e == cudaSuccess) e = cudaMallocHost(&h->io_host, 3 * sizeof(int));
     if (e != cudaSuccess) { fail("creating streams and buffers", e); kbp_destroy(h); return nullptr; }
-    h->bindings = KbpBindings{arena, weights, state, h->scalars.data(), h->io, h->io + 1, h->io + 2};
+    void* comm = kbp_tp_comm_buffer ? kbp_tp_comm_buffer() : nullptr;
+    if (info.tp_ranks > 1 && comm == nullptr) {
+        fail("a tensor-parallel step needs kbp_tp_init first", cudaErrorNotReady);
+        kbp_destroy(h);
+        return nullptr;
+    }
+    h->bindings = KbpBindings{arena, weights, state, h->scalars.data(), h->io, h->io + 1, h->io + 2, comm};
     if (use_graph) {
         e = cudaStreamBeginCapture(h->streams[0], cudaStreamCaptureModeThreadLocal);
         cudaError_t enq = e == cudaSuccess ? enqueue(h) : e;
@@ -117,6 +126,8 @@ int kbp_sync(KbpHandle* h) {
     cudaError_t e = cudaStreamSynchronize(h->streams[0]);
     return e == cudaSuccess ? 0 : fail("running the step", e);
 }
+
+void* kbp_stream(KbpHandle* h) { return (void*)h->streams[0]; }
 
 void* kbp_logits(KbpHandle* h) { return kbp_logits_ptr((uint8_t*)h->bindings.arena); }
 

@@ -7,7 +7,8 @@ writes (`arena_buffers`), and the harness in kbpc.testing.launchers can bind the
 test buffers.
 
 Step-program scope (templates/step.cu.j2): A is the arena base, W[i] weight i, S[i] state buffer i,
-WS[i] the host copy of one-element weight i, TOKEN/POS/SEQ device ints of the step."""
+WS[i] the host copy of one-element weight i, TOKEN/POS/SEQ device ints of the step, COMM the
+collective region (tensor parallelism)."""
 from __future__ import annotations
 
 import math
@@ -34,6 +35,17 @@ class ArenaPtr:
     def plus(self, elements: int) -> ArenaPtr:
         """The pointer `elements` values of ctype further on."""
         return ArenaPtr(self.buffer, self.offset + elements * CTYPE_BYTES[_base_ctype(self.ctype)], self.ctype)
+
+
+@dataclass(frozen=True)
+class CommPtr:
+    """A pointer into the rank's collective region (tensor parallelism, kbpc/codegen/collectives.py):
+    `offset` bytes from its start, as `ctype*`. Rendered against COMM, the step's region."""
+    offset: int
+    ctype: str = "__nv_bfloat16"
+
+    def plus(self, elements: int) -> CommPtr:
+        return CommPtr(self.offset + elements * CTYPE_BYTES[_base_ctype(self.ctype)], self.ctype)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class Aggregate:
     fields: tuple[Arg, ...]
 
 
-Arg = Union[ArenaPtr, WeightPtr, WeightScalar, StatePtr, StepInput, IntLit, FloatLit, NullPtr, Aggregate]
+Arg = Union[ArenaPtr, CommPtr, WeightPtr, WeightScalar, StatePtr, StepInput, IntLit, FloatLit, NullPtr, Aggregate]
 
 NULL = NullPtr()
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from kbpc.codegen.args import ArenaPtr, FloatLit, StatePtr, WeightPtr, WeightScalar
+from kbpc.codegen.args import ArenaPtr, CommPtr, FloatLit, StatePtr, WeightPtr, WeightScalar
+from kbpc.codegen.collectives import TpStep, tp_step
 from kbpc.errors import KbpcError
 from kbpc.ir.plan import Buffer, LoweredGroup, Plan
 from kbpc.ir.records import Node, Tensor
@@ -37,6 +38,11 @@ class LowerCtx:
     @cached_property
     def _buffers(self) -> dict[str, Buffer]:
         return {b.name: b for b in self.plan.buffers}
+
+    @cached_property
+    def tp(self) -> TpStep | None:
+        """The collective layout of a tensor-parallel rank's step (None without one)."""
+        return tp_step(self.plan)
 
     @cached_property
     def _weights(self) -> dict[str, int]:
@@ -82,9 +88,13 @@ class LowerCtx:
         return outs[0]
 
     # -- expressions ---------------------------------------------------------------------------
-    def buf(self, t: Tensor, ctype: str = "__nv_bfloat16") -> ArenaPtr:
-        """Arena pointer of a materialized tensor."""
+    def buf(self, t: Tensor, ctype: str = "__nv_bfloat16") -> ArenaPtr | CommPtr:
+        """Arena pointer of a materialized tensor (a rank's partial sublayer output: its own slot
+        of the collective region, kbpc/codegen/collectives.py)."""
         name = buffer_name(self.bp, t)
+        site = self.tp.site(name) if self.tp is not None else None
+        if site is not None:
+            return self.tp.slot(site, self.tp.rank, ctype)
         b = self._buffers.get(name)
         if b is None:
             raise LoweringError(f"tensor {t.id} is not materialized (fused inside a group?)", f"edge {t.id}")

@@ -70,7 +70,7 @@ def build_step(plan: Plan, command: str) -> StepProgram:
         weights=tuple(WeightBinding(i, w.name, w.storage, w.nbytes) for i, w in enumerate(plan.weights)),
         state=tuple(StateBinding(i, s.name, s.nbytes, s.storage) for i, s in enumerate(plan.state)),
         headers=tuple(sorted({inst.header for inst in instances.values()})),
-        instances=tuple(instances[k] for k in sorted(instances)))
+        instances=tuple(instances[k] for k in sorted(instances)), collective_layout=ctx.tp)
     return run_launch_passes(step, plan.options)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from kbpc.codegen.records import GroupCode, StepProgram
+from kbpc.codegen.collectives import place_collectives as _place
+from kbpc.codegen.records import Collective, GroupCode, StepProgram
 from kbpc.ir.plan import Options
 
 LaunchPass = Callable[[StepProgram, Options], StepProgram]
@@ -18,7 +19,8 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
     (no event wait between them) is issued with the PDL attribute, so it starts while that kernel
     drains and waits for it in kbp::pdl_wait(). The first launch on each stream and any launch after
     a cross-stream event wait keep a full dependency (the graph edge from an event is not
-    programmatic). With options.pdl off, no launch is marked."""
+    programmatic), and so does a launch after a collective (an NCCL kernel triggers no dependent
+    launch). With options.pdl off, no launch is marked."""
     if not options.pdl:
         return step
     seen_stream: set[int] = set()
@@ -26,6 +28,10 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
     for g in step.groups:
         launches = []
         for i, launch in enumerate(g.launches):
+            if isinstance(launch, Collective):
+                seen_stream.discard(g.stream)
+                launches.append(launch)
+                continue
             after_kernel = g.stream in seen_stream and not (i == 0 and g.waits)
             launches.append(dataclasses.replace(launch, pdl=after_kernel))
             seen_stream.add(g.stream)
@@ -33,7 +39,14 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
     return dataclasses.replace(step, groups=tuple(groups))
 
 
+def place_collectives(step: StepProgram, options: Options) -> StepProgram:
+    """Tensor parallelism: an all-gather before each post-mix that sums rank partials, and the
+    expert-parallel id rewrite after each router (kbpc/codegen/collectives.py)."""
+    return _place(step, options, step.collective_layout)
+
+
 LAUNCH_PASSES: tuple[tuple[str, LaunchPass], ...] = (
+    ("place_collectives", place_collectives),
     ("mark_pdl", mark_pdl),
 )
 
@@ -44,4 +57,4 @@ def run_launch_passes(step: StepProgram, options: Options) -> StepProgram:
     return step
 
 
-__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "run_launch_passes"]
+__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "place_collectives", "run_launch_passes"]

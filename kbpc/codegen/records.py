@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kbpc.codegen.args import Arg, ArenaPtr
+
+if TYPE_CHECKING:
+    from kbpc.codegen.collectives import TpStep
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,20 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A collective of the step (tensor parallelism): the in-place all-gather of one post-mix
+    site's BF16 partials, `slot_bytes` per rank from `offset` of the collective region, issued on
+    the group's stream before the launch that sums them (launch pass place_collectives)."""
+    kind: str                        # "all_gather"
+    offset: int
+    slot_bytes: int
+    ranks: int
+    group: int
+    nodes: tuple[str, ...]           # the post-mix node that reads it
+    buffer: str                      # the partial output gathered (`<producer>.<output>`)
+
+
+@dataclass(frozen=True)
 class GroupCode:
     """What the step program does for one scheduled group."""
     group: int
@@ -49,7 +67,7 @@ class GroupCode:
     waits: tuple[int, ...]
     record: int | None
     nodes: tuple[str, ...]
-    launches: tuple[Launch, ...]
+    launches: tuple[Launch | Collective, ...]
 
 
 @dataclass(frozen=True)
@@ -85,3 +103,7 @@ class StepProgram:
     state: tuple[StateBinding, ...]
     headers: tuple[str, ...]         # kernels/ headers whose types the step uses
     instances: tuple[KernelInstance, ...]
+    tp_rank: int = 0                 # tensor parallelism: this step's rank of tp_ranks
+    tp_ranks: int = 1
+    comm_bytes: int = 0              # the collective region (kbpc/codegen/collectives.py)
+    collective_layout: TpStep | None = None   # read by the launch pass place_collectives

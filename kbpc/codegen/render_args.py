@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from functools import singledispatch
 
-from kbpc.codegen.args import (Aggregate, ArenaPtr, FloatLit, IntLit, NullPtr, StatePtr, StepInput,
+from kbpc.codegen.args import (Aggregate, ArenaPtr, CommPtr, FloatLit, IntLit, NullPtr, StatePtr, StepInput,
                                WeightPtr, WeightScalar)
+from kbpc.codegen.records import Collective
 
 
 @singledispatch
@@ -16,6 +17,11 @@ def render_arg(arg) -> str:
 @render_arg.register
 def _(arg: ArenaPtr) -> str:
     return f"(({arg.ctype}*)(A + {arg.offset}))"
+
+
+@render_arg.register
+def _(arg: CommPtr) -> str:
+    return f"(({arg.ctype}*)(COMM + {arg.offset}))"
 
 
 @render_arg.register
@@ -68,7 +74,9 @@ def launcher_decl(inst) -> str:
 
 def launch_call(launch, stream: str) -> str:
     """A call of the launcher for one launch: grid, block, dynamic shared memory, stream, the PDL
-    flag and the rendered arguments."""
+    flag and the rendered arguments (a collective: the runtime's all-gather of its slots)."""
+    if isinstance(launch, Collective):
+        return f"kbp_tp_all_gather(COMM + {launch.offset}, {launch.slot_bytes}ull, {stream})"
     args = "".join(f", {render_arg(a)}" for a in launch.args)
     return (f"kbp_launch_{launch.instance.name}(dim3({', '.join(map(str, launch.grid))}), "
             f"dim3({', '.join(map(str, launch.block))}), {launch.smem}, {stream}, {int(launch.pdl)}{args})")

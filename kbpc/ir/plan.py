@@ -13,6 +13,7 @@ from kbpc.errors import KbpcError
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.grouping import Grouping
 from kbpc.ir.limits import MAX_DIM
+from kbpc.ir.parallel import RankShard, TensorParallel
 from kbpc.ir.state import INDEX_CACHE_KINDS, StateBuffer
 from kbpc.ir.weights import WeightSpec
 from kbpc.targets import get_target
@@ -113,6 +114,8 @@ class Plan:
     state: tuple[StateBuffer, ...] = ()
     fusions: tuple[FusionRecord, ...] = ()
     notes: tuple[str, ...] = ()
+    parallel: TensorParallel | None = None    # tp > 1: the split (split_tensor_parallel)
+    shard: RankShard | None = None            # a rank's own plan: which rank, what it holds
 
     @cached_property
     def grouping(self) -> Grouping:

@@ -48,6 +48,11 @@ def fuse_groups(plan: Plan) -> Plan:
             if not plan.options.fuse:
                 records.append(FusionRecord(rule.name, members, False, "fusion is off (--no-fuse)"))
                 continue
+            split = plan.options.tp > 1 or (plan.shard is not None and plan.shard.ranks > 1)
+            if split and not rule.tensor_parallel:
+                records.append(FusionRecord(rule.name, members, False,
+                                            "the fused form has no tensor-parallel variant yet"))
+                continue
             taken.update(members)
             merges.append((rule, members))
             records.append(FusionRecord(rule.name, members, True, rule.why))

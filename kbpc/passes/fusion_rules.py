@@ -30,6 +30,7 @@ class FusionRule:
     anchor: str                      # the op a search starts from (one per merged group)
     why: str                         # what the fused kernel saves, for the report
     check: Check = _always
+    tensor_parallel: bool = True     # the fused form also serves a rank of a split plan
 
     @property
     def op_counts(self) -> Counter:
@@ -81,5 +82,6 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                 "blend"), "router",
                "a MoE layer in two launches over every SM: router GEMV with its top-k, the expert input "
                "quantized once, the shared expert beside the routed ones, SwiGLU and the down input's "
-               "quantization in the gate_up epilogue, the combine in the down epilogue"),
+               "quantization in the gate_up epilogue, the combine in the down epilogue",
+               tensor_parallel=False),
 )

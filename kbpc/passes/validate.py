@@ -1,7 +1,7 @@
 """validate: the front end's checks hold and the options fit the blueprint.
 
-Needs: a loaded Blueprint. Guarantees: the plan's options are supported for this blueprint
-(tensor-parallel size 1 until the split exists; a max context the blueprint allows)."""
+Needs: a loaded Blueprint. Guarantees: every blueprint group is a plan group (the tensor-parallel
+size is checked against the blueprint by split_tensor_parallel)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +12,6 @@ from kbpc.ir.plan import LoweredGroup, Plan
 
 def validate(plan: Plan) -> Plan:
     bp = plan.blueprint
-    if plan.options.tp != 1:
-        raise KbpcError(f"tensor parallelism (--tp {plan.options.tp}) is recorded by the plan but "
-                        "the split is not implemented yet; compile with --tp 1", "--tp")
     groups = tuple(
         LoweredGroup(id=g.id, rule=g.rule, family=_family(bp, g.id), nodes=tuple(n.id for n in bp.group_nodes(g.id)),
                      kernels=g.kernels, variant="", where=g.where)

@@ -109,37 +109,60 @@ class Interpreter:
 
     def step(self, token: int) -> tuple[np.ndarray, int]:
         """Feed `token` at the next position; return (BF16 logits as float32, greedy next token)."""
+        run = self.begin(token)
+        for order in self.order:
+            self.run_node(run, order)
+        return self.finish(run)
+
+    def begin(self, token: int) -> "StepRun":
+        """Start a step (the nodes then run one at a time, e.g. in lockstep with other ranks)."""
         position = self.state.position
         if position >= self.state.max_context:
             raise KbpcError(f"context is full ({self.state.max_context} tokens)")
         vocab = self.bp.symbols.get("vocab")
         if vocab is not None and not 0 <= token < vocab:
             raise KbpcError(f"token id {token} is outside the vocabulary [0, {vocab})")
-        ctx = Step(self.bp, self.weights, self.state, token, position)
-        values: dict[tuple[int, str], Any] = {}
-        results: dict[str, Any] = {}
-        for order in self.order:
-            node = self.bp.node(order)
-            ins = Inputs([(t, self.bp.node(t.src), values[(t.src, _name(t))]) for t in self.inputs[order]])
-            handler = self.handlers.get(node.op) or self.handlers[node.op_base]
-            try:
-                out = handler(ctx, node, ins)
-            except (KbpcError, KeyError, ValueError) as exc:
-                if isinstance(exc, KbpcError):
-                    raise
-                raise KbpcError(f"reference op {node.op} failed: {exc}", f"node {node.id}") from exc
-            if not isinstance(out, dict):
-                out = {_name(t): out for t in self.outputs[order]}
-            for t in self.outputs[order]:
-                key = _name(t)
-                if key not in out:
-                    raise KbpcError(f"handler produced no output {key!r}", f"node {node.id}")
-                values[(order, key)] = out[key]
-            results.update({k: v for k, v in out.items() if k.startswith("__")})
-        self.state.position = position + 1
+        return StepRun(Step(self.bp, self.weights, self.state, token, position), {}, {})
+
+    def run_node(self, run: "StepRun", order: int) -> None:
+        node = self.bp.node(order)
+        values = run.values
+        ins = Inputs([(t, self.bp.node(t.src), values[(t.src, _name(t))]) for t in self.inputs[order]])
+        handler = self.handlers.get(node.op) or self.handlers[node.op_base]
+        try:
+            out = handler(run.ctx, node, ins)
+        except (KbpcError, KeyError, ValueError) as exc:
+            if isinstance(exc, KbpcError):
+                raise
+            raise KbpcError(f"reference op {node.op} failed: {exc}", f"node {node.id}") from exc
+        if not isinstance(out, dict):
+            out = {_name(t): out for t in self.outputs[order]}
+        for t in self.outputs[order]:
+            key = _name(t)
+            if key not in out:
+                raise KbpcError(f"handler produced no output {key!r}", f"node {node.id}")
+            values[(order, key)] = out[key]
+        run.results.update({k: v for k, v in out.items() if k.startswith("__")})
+
+    def finish(self, run: "StepRun") -> tuple[np.ndarray, int]:
+        self.state.position = run.ctx.position + 1
         if self.keep_values:
-            self.last_values = values
-        return results["__logits"], int(results["__token"])
+            self.last_values = run.values
+        return run.results["__logits"], int(run.results["__token"])
+
+
+@dataclass
+class StepRun:
+    """One step in progress: the handlers' context, every edge value so far (keyed by producer
+    order and output name) and the step's results (`__logits`, `__token`)."""
+    ctx: Step
+    values: dict[tuple[int, str], Any]
+    results: dict[str, Any]
+
+
+def value_key(t: Tensor) -> tuple[int, str]:
+    """The key of an edge's value in StepRun.values."""
+    return t.src, _name(t)
 
 
 def _name(t: Tensor) -> str:

@@ -14,6 +14,7 @@ from kbpc.bundle.container import Bundle, UntrustedError, open_bundle, open_untr
 from kbpc.bundle.keyfile import KeyFileError
 from kbpc.bundle.keystore import trusted_keyring
 from kbpc.report.render import cell, human_bytes, kv_table
+from kbpc.report.parallel import render_tp
 
 _MEMBER_ROWS = 60  # longer member lists are cut, with the directory totals still complete
 
@@ -45,6 +46,7 @@ def summarize_bundle(bundle: Bundle, untrusted_reason: str | None = None) -> dic
         "target": m.get("target"),
         "numerics": (m.get("options") or {}).get("numerics"),
         "tp_size": m.get("tp_size"),
+        "tp": m.get("tp"),
         "toolchain": m.get("toolchain"),
         "step": m.get("step"),
         "signers": list(bundle.signers),
@@ -87,6 +89,8 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
                     f"(file {human_bytes(s['file_bytes'])})"),
     ]
     console.print(kv_table("Bundle", overview))
+    if s.get("tp"):
+        render_tp(s["tp"], console)
     dirs = Table(title="Members by directory", title_justify="left")
     for col in ("directory", "files", "bytes"):
         dirs.add_column(col, justify="left" if col == "directory" else "right")

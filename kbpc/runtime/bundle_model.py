@@ -21,6 +21,7 @@ class BundleModel:
     bundle: Bundle
     blueprint: Blueprint
     run: RunManifest          # what the runner reads from the manifest, typed
+    trust_sources: tuple[str, ...] = ()     # the keyring files it was verified with (rank processes)
 
     @property
     def manifest(self) -> dict:
@@ -34,9 +35,11 @@ class BundleModel:
 
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
-    bundle = open_bundle(path, trust if trust is not None else trusted_keyring())
+    trust = trust if trust is not None else trusted_keyring()
+    bundle = open_bundle(path, trust)
     try:
-        return BundleModel(bundle, _blueprint(bundle, path), RunManifest.from_json(bundle.manifest))
+        return BundleModel(bundle, _blueprint(bundle, path), RunManifest.from_json(bundle.manifest),
+                           tuple(trust.sources))
     except BaseException:
         bundle.close()
         raise

@@ -31,7 +31,8 @@ class KbpStepInfo(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_int), ("weights", ctypes.c_int), ("state", ctypes.c_int),
                 ("arena_bytes", ctypes.c_ulonglong), ("streams", ctypes.c_int), ("events", ctypes.c_int),
                 ("launches", ctypes.c_int), ("groups", ctypes.c_int), ("vocab", ctypes.c_int), ("logits_bytes", ctypes.c_ulonglong),
-                ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p)]
+                ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p),
+                ("comm_bytes", ctypes.c_ulonglong), ("tp_rank", ctypes.c_int), ("tp_ranks", ctypes.c_int)]
 
 
 def cuda_driver():
@@ -73,6 +74,10 @@ class CudaBackend:
         self.cuda = cuda = cuda_driver()
         self.model = model
         run = model.run
+        tp_size = int(model.manifest.get("tp_size") or 1)
+        if tp_size > 1:
+            raise DeviceError(f"this bundle is split over {tp_size} ranks: kbpc run --tp {tp_size} runs it, "
+                              "one process per GPU (docs/tensor-parallel.md)")
         self.max_context = run.max_context
         if max_context is not None and max_context > self.max_context:
             raise DeviceError(f"context {max_context} exceeds the bundle's --max-context {self.max_context}")

@@ -51,6 +51,13 @@ def compare_numerics(model: BundleModel, positions: int = 64, weights: str = "sy
                      first_token: int = 1, on_position=None) -> NumericsReport:
     from kbpc.runtime.cuda_backend import CudaBackend
 
+    if model.manifest.get("tp"):   # a split bundle: its ranks on this host's GPUs
+        from kbpc.runtime.tp_run import verify_split
+        report = verify_split(model, positions, weights, first_token)
+        for pos in range(positions):
+            if on_position:
+                on_position(pos, report)
+        return report
     bp = model.blueprint
     ref = ReferenceBackend(bp, load_weights(bp, weights, positions), positions, index_cache=model.index_cache)
     gpu = CudaBackend(model, weights, positions)

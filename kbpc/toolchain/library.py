@@ -20,6 +20,7 @@ from kbpc.errors import BuildError
 from kbpc.targets import Target
 from kbpc.toolchain.assets import KERNELS_DIR, RUNTIME_STUB_DIR
 from kbpc.toolchain.cache import ObjectCache
+from kbpc.util.nccl import find_nccl
 from kbpc.toolchain.nvcc import BASE_FLAGS, compile_cuda, nvcc_path, nvcc_version
 from kbpc.toolchain.process import end_all, run_tool
 
@@ -28,9 +29,13 @@ OBJECT_FORMAT = "kbpc-object/3"
 LIBRARY_NAME = "libkbp.so"
 
 
-def runtime_sources() -> dict[str, str]:
-    """The hand-written runtime compiled into every artifact."""
-    return {f"runtime_stub/{p.name}": p.read_text() for p in sorted(RUNTIME_STUB_DIR.glob("*.cu"))}
+TP_RUNTIME = "kbp_tp.cu"     # the NCCL half of the runtime: tensor-parallel libraries only
+
+
+def runtime_sources(tensor_parallel: bool = False) -> dict[str, str]:
+    """The hand-written runtime compiled into every artifact (with kbp_tp.cu when split)."""
+    return {f"runtime_stub/{p.name}": p.read_text() for p in sorted(RUNTIME_STUB_DIR.glob("*.cu"))
+            if tensor_parallel or p.name != TP_RUNTIME}
 
 
 class BuildEvents:
@@ -81,21 +86,27 @@ def build_flags(target: Target) -> tuple[str, ...]:
     return (*BASE_FLAGS, *target.gencode, "-c", "-Xcompiler", "-fPIC")
 
 
-def object_keys(units: dict[str, str], target: Target) -> dict[str, str]:
-    """Unit name -> cache key (name and source text, headers, flags, target, nvcc version). The name
-    is part of it because the object depends on it (see compile_cuda)."""
-    common = hashlib.sha256(repr((OBJECT_FORMAT, _headers_digest(), build_flags(target), nvcc_version()))
+def object_keys(units: dict[str, str], target: Target, nccl_key=None) -> dict[str, str]:
+    """Unit name -> cache key (name and source text, headers, flags, target, nvcc version, and the
+    NCCL header for a tensor-parallel build). The name is part of it because the object depends on
+    it (see compile_cuda)."""
+    common = hashlib.sha256(repr((OBJECT_FORMAT, _headers_digest(), build_flags(target), nvcc_version(), nccl_key))
                             .encode()).hexdigest()
     return {name: hashlib.sha256(f"{common}\0{name}\0{text}".encode()).hexdigest()[:32]
             for name, text in units.items()}
 
 
 def build_library(sources: dict[str, str], target: Target, work: Path, cache: ObjectCache, *,
-                  jobs: int | None = None, events: BuildEvents = BuildEvents()) -> BuildResult:
+                  jobs: int | None = None, events: BuildEvents = BuildEvents(),
+                  tensor_parallel: bool = False) -> BuildResult:
     """Compile `sources` (relative name -> CUDA text) plus the runtime stub in the private folder
-    `work`, through `cache`, and link them into `work`/libkbp.so."""
-    units = {**sources, **runtime_sources()}
-    keys = object_keys(units, target)
+    `work`, through `cache`, and link them into `work`/libkbp.so. tensor_parallel: the library of
+    one rank, with the NCCL half of the runtime, linked against NCCL by its soname."""
+    nccl = find_nccl() if tensor_parallel else None
+    nccl_key = (nccl.version, (nccl.include / "nccl.h").read_bytes()) if nccl else None
+    includes = (nccl.include,) if nccl else ()
+    units = {**sources, **runtime_sources(tensor_parallel)}
+    keys = object_keys(units, target, nccl_key)
     events.objects(len(units))
 
     def one(name: str) -> UnitBuild:
@@ -107,7 +118,7 @@ def build_library(sources: dict[str, str], target: Target, work: Path, cache: Ob
         else:
             src = work / f"{keys[name]}.cu"
             src.write_text(units[name])
-            compile_cuda(src, obj, target, kind="obj", name=name)
+            compile_cuda(src, obj, target, kind="obj", name=name, include_dirs=includes)
             cache.store(keys[name], obj.read_bytes())
         events.object_done(name, data is not None)
         return UnitBuild(name, keys[name], data is not None, time.perf_counter() - t0)
@@ -125,22 +136,23 @@ def build_library(sources: dict[str, str], target: Target, work: Path, cache: Ob
         raise
     pool.shutdown(wait=True)
     library = work / LIBRARY_NAME
-    _link(tuple(work / f"{u.key}.o" for u in built), library, target)
+    _link(tuple(work / f"{u.key}.o" for u in built), library, target, nccl.link_flags if nccl else ())
     return BuildResult(library=library, units=built, flags=build_flags(target), nvcc=nvcc_version())
 
 
-def link_command(objects: tuple[Path, ...], out: Path, target: Target) -> list[str]:
+def link_command(objects: tuple[Path, ...], out: Path, target: Target, libs: tuple[str, ...] = ()) -> list[str]:
     # -nodlink: no object is built with -rdc, so there is nothing to device-link, and nvlink would
     # embed its command line (with the CUDA installation's library paths) in the library.
     # --no-undefined: a library with an unresolved symbol (a damaged or missing object) is an error
     # here, not when a user loads it.
     return [nvcc_path(), *target.gencode, "-shared", "-nodlink", "-Xcompiler", "-fPIC", "-Xlinker",
-            "--no-undefined", *map(str, objects), "-o", str(out)]
+            "--no-undefined", *map(str, objects), *libs, "-o", str(out)]
 
 
-def _link(objects: tuple[Path, ...], out: Path, target: Target) -> None:
+def _link(objects: tuple[Path, ...], out: Path, target: Target, libs: tuple[str, ...] = ()) -> None:
+    """Link (NCCL, when given, by its soname with no run path: the runner loads NCCL first)."""
     tmp = out.with_name(f".{out.name}.tmp")
-    cmd = link_command(objects, tmp, target)
+    cmd = link_command(objects, tmp, target, libs)
     proc = run_tool(cmd, cwd=out.parent)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -79,8 +79,8 @@ def test_tampered_bundle_is_refused_everywhere(tiny_bundle, keys, tmp_path):
 def test_failed_compile_leaves_nothing(tiny_path, keys, cache, tmp_path):
     out = tmp_path / "never.kbp"
     result = CliRunner().invoke(main, ["compile", str(tiny_path), "-o", str(out), "--key", str(keys.private),
-                                       "--cache-dir", str(cache), "--tp", "2"])
-    assert result.exit_code == 2 and "tensor parallelism" in result.output
+                                       "--cache-dir", str(cache), "--tp", "3"])
+    assert result.exit_code == 2 and "does not split over 3 ranks" in result.output
     assert not out.exists() and not list(tmp_path.glob("*.kbp*"))
 
 

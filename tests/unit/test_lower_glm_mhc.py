@@ -156,7 +156,7 @@ def test_fused_boundary(tiny_path):
         (launch,) = glm_mhc.lower(ctx, g)
         post = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "hc_post")
         x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
-        head = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u), ctx.buf(gate, "const float"),
+        head = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u)[1], ctx.buf(gate, "const float"),
                 ctx.buf(comb, "const float"), ctx.buf(y, "float"))
         _check_boundary(ctx, plan, g, launch, 1, head, NULL)
         assert x != y and points_into(launch.args[0], buffer_name(bp, u))
@@ -187,7 +187,7 @@ def test_fused_head_norm(tiny_path):
     threads = min(1024, -(-(d // 2) // 32) * 32)
     assert launch.instance.kernel == f"kbp::mhc::hc_head_norm<{n}, {d}, {threads}, true, true, 1>"
     assert (launch.grid, launch.block, launch.smem) == ((1, 1, 1), (threads, 1, 1), 0)
-    fields = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u), ctx.buf(gate, "const float"),
+    fields = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u)[1], ctx.buf(gate, "const float"),
               ctx.buf(comb, "const float"), NULL, ctx.weight(norm, ctype=BF), flt(ctx.c.rms_eps), NULL,
               ctx.buf(ctx.output(norm)))
     assert tuple(map(r, launch.args[0].fields)) == tuple(map(r, fields))

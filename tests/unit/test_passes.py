@@ -82,6 +82,8 @@ def test_non_convex_group_is_rejected(tiny_bp):
     _check_convex(tiny_bp, 998, {ids["l1.dsa.q_a"].order, ids["l1.dsa.kv_a"].order})
 
 
-def test_tp_above_one_is_refused(tiny_bp):
-    with pytest.raises(KbpcError, match="tensor parallelism"):
-        run_pipeline(tiny_bp, Options(tp=2))
+def test_tp_splits_or_is_refused(tiny_bp):
+    assert run_pipeline(tiny_bp, Options()).parallel is None
+    assert run_pipeline(tiny_bp, Options(tp=2)).parallel.ranks == 2
+    with pytest.raises(KbpcError, match="does not split over 3 ranks"):
+        run_pipeline(tiny_bp, Options(tp=3))

@@ -15,8 +15,9 @@ launch each.
 - fused:hc_head_norm (hc_post + hc_contract + final_norm): hc_head_norm, the last post-mix, the
   stream mean and the final RMSNorm in one CTA per row (the rms_norm family's reduction order).
 - glm_hc_expand (hc_expand): hc_expand widens the BF16 embedding row into the N FP32 streams.
-- glm_hc_post (hc_post): hc_post with R = 1 rank (no tensor parallelism: u is the sublayer's BF16
-  output as is), writing the node's own stream buffer (never in place: the blueprint's stream
+- glm_hc_post (hc_post): hc_post with R rank partials (R = 1 without tensor parallelism: u is the
+  sublayer's BF16 output as is; a rank of a split step reads every rank's slot of the collective
+  region, kbpc/codegen/collectives.py), writing the node's own stream buffer (never in place: the blueprint's stream
   edges are `<prev>.y` in, `<this post>.y` out).
 - glm_hc_contract (hc_contract): hc_head, the stream mean rounded to BF16.
 
@@ -24,6 +25,7 @@ N (n_hc) and D (hidden) come from the edges: a stream row is N*D wide, a BF16 ro
 from __future__ import annotations
 
 from kbpc.codegen.args import NULL, Aggregate, Arg, StatePtr, lit
+from kbpc.codegen.collectives import rank_parts
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
@@ -46,7 +48,6 @@ CHAINS_PER_CTA = 4     # hc_boundary's RPC: 56 CTAs per row at n_hc 4 (24 mix ro
 MAX_FLAT = 81920       # kbp::mhc::kMaxBoundaryFlat: n_hc * hidden stream values (shared memory)
 SRC = {None: 0, "hc_post": 1, "hc_expand": 2}  # kbp::mhc::StreamSource of the merged node's op
 STREAM_OPS = ("hc_post", "hc_expand")
-RANKS = 1              # tensor parallelism is not implemented: one partial sublayer output
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -70,7 +71,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     raise LoweringError(f"glm_mhc has no kernel for op {node.op}", f"node {node.id}")
 
 
-def boundary_instance(n: int, d: int, src: int, ranks: int = RANKS, rpc: int = CHAINS_PER_CTA) -> KernelInstance:
+def boundary_instance(n: int, d: int, src: int, ranks: int = 1, rpc: int = CHAINS_PER_CTA) -> KernelInstance:
     """kbp::mhc::hc_boundary<N, D, SRC, R, RPC>, taking one PreParams<N, R> by value."""
     return KernelInstance("glm_mhc", BOUNDARY_HEADER, f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {rpc}>",
                           (f"kbp::mhc::PreParams<{n}, {ranks}>",))
@@ -81,7 +82,7 @@ def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA) -> tuple[int, in
     return COL_GROUPS * -(-((2 + n) * n + 1) // rpc), rows, 1
 
 
-def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = RANKS) -> KernelInstance:
+def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = 1) -> KernelInstance:
     """kbp::mhc::hc_head_norm<N, D, THREADS, ONE_PLUS, POST, R> (THREADS: the rms_norm block rule)."""
     flags = ", ".join("true" if f else "false" for f in (weight_one_plus, post))
     return KernelInstance("glm_mhc", BOUNDARY_HEADER,
@@ -131,19 +132,19 @@ def _post_operands(ctx: LowerCtx, node: Node) -> tuple[Tensor, Tensor, Tensor, T
     return x, u, post, comb, y
 
 
-def _parts(ctx: LowerCtx, u: Tensor) -> Aggregate:
-    """The rank partial outputs (one rank: the sublayer output as is)."""
-    return Aggregate(f"kbp::mhc::RankParts<{RANKS}>", (Aggregate(None, (ctx.buf(u, f"const {BF16}"),)),))
+def _parts(ctx: LowerCtx, u: Tensor) -> tuple[int, Aggregate]:
+    """(R, the rank partial outputs): one rank's sublayer output as is, or every rank's slot."""
+    return rank_parts(ctx.tp, ctx.buf(u, f"const {BF16}"), buffer_name(ctx.bp, u))
 
 
 def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     x, u, post, comb, y = _post_operands(ctx, node)
     n, d = streams_of(x, u, node)
     rows = ctx.rows(x)
-    parts = f"kbp::mhc::RankParts<{RANKS}>"
-    return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {RANKS}, {vec_width(d, ROW_VEC)}>",
-                       ("const float*", parts, "const float*", "const float*", "float*"),
-                       (ctx.buf(x, "const float"), _parts(ctx, u), ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
+    ranks, parts = _parts(ctx, u)
+    return _row_launch(ctx, group, node, f"kbp::mhc::hc_post<{n}, {d}, {ranks}, {vec_width(d, ROW_VEC)}>",
+                       ("const float*", parts.ctype, "const float*", "const float*", "float*"),
+                       (ctx.buf(x, "const float"), parts, ctx.buf(post, "const float"), ctx.buf(comb, "const float"), ctx.buf(y, "float")), d, rows)
 
 
 def _head(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
@@ -162,27 +163,31 @@ def _state(ctx: LowerCtx, want: StateBuffer, ctype: str, node: Node) -> StatePtr
     return ctx.state(want.name, ctype)
 
 
-def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[Arg, ...]:
-    """PreParams' / HeadParams' x, parts, post_in, comb_in, x_out for a kernel that runs the post-mix
-    producing its streams `x` (x_out: the post node's buffer, or NULL when nothing outside reads it)."""
+def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[int, tuple[Arg, ...]]:
+    """(R, PreParams' / HeadParams' x, parts, post_in, comb_in, x_out) for a kernel that runs the
+    post-mix producing its streams `x` (x_out: the post node's buffer, or NULL when nothing outside
+    reads it; R: the rank partials the post-mix sums)."""
     px, u, post, comb, y = _post_operands(ctx, post_node)
     require(x.src == post_node.order, "the fused post-mix must produce the streams the kernel reads", post_node)
-    return (ctx.buf(px, "const float"), _parts(ctx, u), ctx.buf(post, "const float"),
-            ctx.buf(comb, "const float"), ctx.buf(y, "float") if materialized(ctx, y) else NULL)
+    ranks, parts = _parts(ctx, u)
+    return ranks, (ctx.buf(px, "const float"), parts, ctx.buf(post, "const float"),
+                   ctx.buf(comb, "const float"), ctx.buf(y, "float") if materialized(ctx, y) else NULL)
 
 
-def _stream_source(ctx: LowerCtx, front: Node | None, x: Tensor) -> tuple[tuple[Arg, ...], Arg]:
-    """(x, parts, post_in, comb_in, x_out) and h of PreParams for the streams `x` the pre-mix reads."""
+def _stream_source(ctx: LowerCtx, front: Node | None, x: Tensor) -> tuple[int, tuple[Arg, ...], Arg]:
+    """R, (x, parts, post_in, comb_in, x_out) and h of PreParams for the streams `x` the pre-mix
+    reads (R: the rank partials a fused post-mix sums; 1 otherwise)."""
     no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
     if front is None:
-        return (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL
+        return 1, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL
     require(materialized(ctx, x), f"the streams {x.id} must have a buffer (the next post-mix reads them)", front)
     if front.op == "hc_post":
-        return _fused_post(ctx, front, x), NULL
+        ranks, fields = _fused_post(ctx, front, x)
+        return ranks, fields, NULL
     h = ctx.input(front)
     require(x.src == front.order and h.format == "bf16", f"{front.id} must expand a BF16 row into {x.id}", front)
     require(ctx.rows(h) == ctx.rows(x), f"{h.id} has {ctx.rows(h)} rows, {x.id} {ctx.rows(x)}", front)
-    return (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
+    return 1, (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
 
 
 def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
@@ -204,8 +209,8 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (post, comb, normed)), f"row counts disagree ({rows} streams)", pre)
     counters_state, work_state = hc_pre_state(pre, rows, width)
-    head, h = _stream_source(ctx, front, x)
-    params = f"kbp::mhc::PreParams<{n}, {RANKS}>"
+    ranks, head, h = _stream_source(ctx, front, x)
+    params = f"kbp::mhc::PreParams<{n}, {ranks}>"
     # Field order of PreParams: x, parts, post_in, comb_in, x_out, phi, alpha, beta, gamma, eps_n,
     # eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb, h, work.
     fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
@@ -215,7 +220,7 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
               ctx.buf(normed), ctx.buf(post, "float"), ctx.buf(comb, "float"), h,
               _state(ctx, work_state, "float", pre))
     nodes = ((front.id,) if front is not None else ()) + (mix.id, pre.id, norm.id)
-    return Launch(boundary_instance(n, d, SRC[front.op if front else None]), grid=boundary_grid(n, rows),
+    return Launch(boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks), grid=boundary_grid(n, rows),
                   block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
 
 
@@ -228,10 +233,11 @@ def _head_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
     require(d % 2 == 0 and normed.dim_value == d, f"the final norm reads BF16 pairs of a {d}-wide row", norm)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (head, normed)), f"row counts disagree ({rows} streams)", contract)
-    params = f"kbp::mhc::HeadParams<{n}, {RANKS}>"
+    ranks, front = _fused_post(ctx, post, x)
+    params = f"kbp::mhc::HeadParams<{n}, {ranks}>"
     # Field order of HeadParams: x, parts, post_in, comb_in, x_out, gamma, eps, head, normed.
-    fields = (*_fused_post(ctx, post, x), ctx.weight(norm, ctype=BF16), flt(ctx.c.rms_eps),
+    fields = (*front, ctx.weight(norm, ctype=BF16), flt(ctx.c.rms_eps),
               ctx.buf(head) if materialized(ctx, head) else NULL, ctx.buf(normed))
-    return Launch(head_norm_instance(n, d, one_plus(norm), post=True), grid=(rows, 1, 1),
+    return Launch(head_norm_instance(n, d, one_plus(norm), post=True, ranks=ranks), grid=(rows, 1, 1),
                   block=(block_threads(d), 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id,
                   nodes=(post.id, contract.id, norm.id))
