@@ -206,8 +206,13 @@ __device__ __forceinline__ void moe_shared_gate_up(int n0, const __nv_bfloat16* 
     const int grp = threadIdx.x >> 6, l = threadIdx.x & 63;
     const int row0 = (grp < 2 ? 0 : ISH) + n0 + 4 * (grp & 1);
     float acc[W4A16_ROWS];
-    w4a16_rows_partial<H>(codes + (size_t)row0 * (H / 2), scales + (size_t)row0 * (H / 16), sg,
-                          reinterpret_cast<const uint4*>(x), l, W4A16_ROWS, acc);
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    if (w4a16_x_big<H>(x4))  // uniform over the CTA: the exact decode's wide-range fallback
+        w4a16_rows_partial<H, true>(codes + (size_t)row0 * (H / 2), scales + (size_t)row0 * (H / 16), sg, x4, l,
+                                    W4A16_ROWS, acc);
+    else
+        w4a16_rows_partial<H, false>(codes + (size_t)row0 * (H / 2), scales + (size_t)row0 * (H / 16), sg, x4, l,
+                                     W4A16_ROWS, acc);
     w4a16_finish(acc, grp, l, W4A16_ROWS, ybuf + 4 * grp, wpart);
     __syncthreads();
     if (threadIdx.x < 8) {

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbpc.bundle.keys import Keyring, Signer, generate_keys
+from kbpc.bundle.keys import Keyring, Signer
+from kbpc.bundle.keystore import generate_keys
 from kbpc.compiler import CompileRequest, compile_bundle
 from kbpc.frontend.load import blueprint_from_doc, load_blueprint
 from kbpc.ir.plan import Options

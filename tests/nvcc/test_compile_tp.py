@@ -11,7 +11,7 @@ import zipfile
 import pytest
 from click.testing import CliRunner
 
-from kbpc.bundle.keys import generate_keys
+from kbpc.bundle.keystore import generate_keys
 from kbpc.cli import main
 from kbpc.toolchain.library import TP_RUNTIME, runtime_sources
 
