@@ -125,14 +125,7 @@ __device__ __forceinline__ void dsa_expand(PoolAt pool_at, int k, int seq_len, i
 
 __host__ __device__ constexpr int dsa_pow2_at_least(int n) { return n <= 1 ? 1 : 2 * dsa_pow2_at_least((n + 1) / 2); }
 
-// 16-byte asynchronous global -> shared copies (cp.async, sm_80+), bypassing L1.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// (cp_async16 / cp_async_commit / cp_async_wait: kbp_common.cuh)
 
 // Double-buffered staging, at the top of chunk c's step: issue chunk c + 1 (stage(c) issues one
 // chunk's copies and commits one group), wait until chunk c has landed, then a block barrier.

@@ -81,6 +81,22 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float v) {
     return sign | m;
 }
 
+// Asynchronous global -> shared copies (cp.async, sm_80+): 16 bytes bypassing L1 (cg) or 8 bytes
+// through it (ca), in commit groups a thread waits for with cp_async_wait<N> (N groups may stay in
+// flight) or cp_async_wait_all.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Butterfly (xor) warp sum: offsets 16, 8, 4, 2, 1. Every lane ends with the same value.
 __device__ __forceinline__ float warp_sum_xor(float v) {
 #pragma unroll

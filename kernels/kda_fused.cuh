@@ -98,12 +98,7 @@ __device__ __forceinline__ void prefetch_l2_rows(const void* base, long row_stri
                     1, 0, 1);
 }
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// (cp_async16 / cp_async_commit / cp_async_wait_all: kbp_common.cuh)
 // The last cluster barrier only keeps shared memory alive for the other CTAs' reads, whose values
 // were consumed before it: no memory ordering (a release would wait for every pending store). Not
 // .aligned: the threads of a warp need not be converged here.
@@ -349,7 +344,7 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
 
     // The state slice, copied to shared memory while the conv and the gates run.
     for (int idx = at.tid; idx < DK * V4; idx += COLS)
-        cp_async_16(&sm.state[idx / V4][4 * (idx % V4)], state_slice + (long)(idx / V4) * DV + 4 * (idx % V4));
+        cp_async16(&sm.state[idx / V4][4 * (idx % V4)], state_slice + (long)(idx / V4) * DV + 4 * (idx % V4));
     cp_async_commit();
     float v_win[W];
     const float vj = kda_fused_conv_gates<HK, HV, DK, DV, KF, KG, W, CPH>(p, at, w, sm, v_win);

@@ -8,7 +8,7 @@ SEED=examples/glm-5.3-flash-nvfp4-tp3-512k.decode1.graph.json
 KBPC="python3 -m kbpc.cli"
 mkdir -p out
 [ -f out/keys/signing-key.pem ] || [ -f out/keys/signing-key.json ] || $KBPC keygen -o out/keys
-KEY=$(ls out/keys/signing-key.pem out/keys/signing-key.json 2>/dev/null | head -1)
+KEY=out/keys/signing-key.pem; [ -f "$KEY" ] || KEY=out/keys/signing-key.json
 K="--key $KEY -j ${JOBS:-2}"
 $KBPC compile examples/tiny.graph.json -o out/tiny.kbp --numerics exact --max-context 128 $K
 $KBPC compile examples/tiny.graph.json -o out/tiny-fast.kbp --numerics fast --max-context 128 $K

@@ -32,14 +32,17 @@ done
 for b in out/seed-*.kbp; do
     [ -f "$b" ] || continue
     name=$(basename "$b" .kbp)
-    contexts=1024
-    [ "$name" = seed-e128 ] && contexts="${BENCH_CONTEXTS:-1024 16384}"
+    case "$name" in
+        seed-e128|seed-e128-exact) contexts="${BENCH_CONTEXTS:-1024 16384}" ;;
+        *-512k) contexts="${LONG_CONTEXTS:-131072 524288}" ;;
+        *) contexts=1024 ;;
+    esac
     for ctx in $contexts; do
         step $KBPC bench "$b" $TRUST --context "$ctx" --runs 20 --json-out "$OUTDIR/bench-$name-$ctx.json" 2>&1 | tee "$OUTDIR/bench-$name-$ctx.log" | head -3
     done
 done
 if [ -n "${GPU_TESTS-tests/gpu}" ]; then
-    python3 -m pytest -m gpu ${GPU_TESTS-tests/gpu} -q -rfE 2>&1 | tail -30 | tee "$OUTDIR/pytest.log"
+    python3 -m pytest -m gpu ${GPU_TESTS-tests/gpu} -q -rfE -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" 2>&1 | tee "$OUTDIR/pytest.log" | tail -30
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 python3 - "$OUTDIR" <<'PY' || true
@@ -50,4 +53,6 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
     print(f"{os.path.basename(path):<40} {r['tokens_per_s']:7.1f} tok/s {r['step_ms_median']:7.3f} ms "
           f"{100 * r['roofline_fraction']:5.1f}% launches {r['launches_per_step']} profiled {r['profiled_step_ms']:.3f} ms")
 PY
+# Everything in one archive (the device tool returns a few files only).
+[ -n "${OUT:-}" ] && [ "$OUTDIR" != "$OUT" ] && tar czf "$OUT/e2e.tgz" -C "$OUTDIR" .
 exit $rc

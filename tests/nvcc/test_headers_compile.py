@@ -44,3 +44,14 @@ def test_every_header_compiles_alone():
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         errors = [e for e in pool.map(lambda j: _compile(j[0], j[1], Path(tmp)), jobs) if e]
     assert not errors, "\n\n".join(errors)
+
+
+def test_all_headers_compile_together(tmp_path):
+    """The step program includes every header one kernel instance needs, so two headers may meet in
+    one translation unit: no helper may be defined in two of them (one home: kbp_common.cuh)."""
+    gencode, flags = ARCHS["sm_90"]
+    src = tmp_path / "all.cu"
+    src.write_text("".join(f'#include "{h.name}"\n' for h in HEADERS))
+    cmd = [nvcc_path(), *flags, gencode, "-c", f"-I{KERNELS_DIR}", str(src), "-o", str(tmp_path / "all.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"{shlex.join(cmd)}\n{proc.stderr.strip()[-3000:]}"
