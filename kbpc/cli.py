@@ -175,6 +175,8 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @click.option("--fuse/--no-fuse", default=True, show_default=True,
               help="Merge groups across the blueprint's boundaries where a fused kernel form exists "
                    "(never changes the math).")
+@click.option("--no-fuse-rule", "skip_fusions", multiple=True, metavar="RULE",
+              help="Leave one fusion rule unapplied (repeatable; compile prints the rules it applied).")
 @click.option("--pdl/--no-pdl", default=True, show_default=True,
               help="Programmatic dependent launch: each kernel may start while the one before it drains.")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -197,7 +199,7 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @json_options
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
-                index_cache: str, fuse: bool, pdl: bool, key_path: Path | None,
+                index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
@@ -217,6 +219,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
                                              arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
+                                             skip_fusions=tuple(sorted(set(skip_fusions))),
                                              index_cache=index_cache),
                              signer=signing_key(key_path, may_create_default_key(),
                                                 lambda note: click.echo(note, err=True)),
@@ -261,6 +264,9 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--no-act-quant", is_flag=True,
               help="Debugging aid for the reference backend: keep activations in BF16/FP32 where the "
                    "blueprint quantizes them to NVFP4 or FP8 (never the default).")
+@click.option("--numerics", type=click.Choice(["exact", "fast"]), default="fast", show_default=True,
+              help="For a blueprint JSON compiled for this GPU on the way: the numerics mode it is "
+                   "compiled with (a bundle runs in the mode it was compiled with).")
 @click.option("--tp", type=click.IntRange(min=1), default=None,
               help="Ranks of a tensor-parallel bundle (one process per GPU on this host; under "
                    "mpirun each process is one rank). Default: the bundle's.")
@@ -269,7 +275,7 @@ def _parse_ids(text: str) -> list[int]:
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
         context: int | None, as_json: bool, json_out: Path | None, logits_path: Path | None,
-        no_act_quant: bool, tp: int | None, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
+        no_act_quant: bool, numerics: str, tp: int | None, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
     or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
     takes synthetic:SEED, a safetensors checkpoint in kbpc's names, or a Hugging Face checkpoint
@@ -301,7 +307,7 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
         device = local_device()
         if device.target is None:
             raise KbpcError(f"kbpc cannot build for this GPU: {device.describe()}", "GPU")
-        model, trust = compile_for_run(model, config_path, ctx, device.target, weights_source)
+        model, trust = compile_for_run(model, config_path, ctx, device.target, weights_source, numerics)
     step_backend, vocab = open_backend(model, chosen, weights_source, ctx, trust, config_path,
                                        act_quant=not no_act_quant)
     check_prompt(prompt, vocab)

@@ -216,7 +216,7 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
 
 
 def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str,
-                    weights: str | None = None) -> tuple[Path, Keyring]:
+                    weights: str | None = None, numerics: str = "fast") -> tuple[Path, Keyring]:
     """`kbpc run BLUEPRINT.json` on a GPU: compile for that GPU's `target` into the run cache,
     signed with the local default key, and return the bundle and the keyring that trusts it. The
     bundle is reused while the blueprint, config, context, target, signing key and kbpc's own
@@ -233,7 +233,7 @@ def compile_for_run(blueprint: Path, config: Path | None, context: int, target: 
     digest = hashlib.sha256()
     for part in (read_regular_file(blueprint, MAX_BLUEPRINT_BYTES, BlueprintError, "blueprint file"),
                  read_regular_file(config, MAX_CONFIG_BYTES, ConfigError, "config file") if config else b"",
-                 str(context).encode(), target.encode(), " ".join(signer.key_ids).encode(),
+                 str(context).encode(), target.encode(), numerics.encode(), " ".join(signer.key_ids).encode(),
                  sources_digest().encode(), __version__.encode(),
                  read_regular_file(checkpoint / "config.json", MAX_CONFIG_BYTES, ConfigError, "config file")
                  if checkpoint else b""):
@@ -242,7 +242,8 @@ def compile_for_run(blueprint: Path, config: Path | None, context: int, target: 
     out = run_bundle_dir() / f"{stem}-{target}-{digest.hexdigest()[:16]}.kbp"
     if not out.exists():
         compile_bundle(CompileRequest(blueprint=Path(blueprint), output=out,
-                                      options=Options(target=target, max_context=max(context, 16)),
+                                      options=Options(target=target, max_context=max(context, 16),
+                                                      numerics=numerics),
                                       signer=signer, config=config, weights=checkpoint))
     return out, signer.keyring()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from kbpc.errors import KbpcError
 from kbpc.ir.plan import FusionRecord, LoweredGroup, Plan
 from kbpc.passes.fusion_rules import FUSION_RULES, FusionRule
 from kbpc.targets import get_target, variant_for
@@ -28,6 +29,10 @@ def fuse_groups(plan: Plan) -> Plan:
     device = {g.id for g in plan.groups if g.where == "device"}
     neighbours = _neighbours(plan)
     deps = grouping.dependencies()
+    unknown = sorted(set(plan.options.skip_fusions) - {r.name for r in FUSION_RULES})
+    if unknown:
+        raise KbpcError(f"no fusion rule {unknown[0]!r}; the rules are {', '.join(r.name for r in FUSION_RULES)}",
+                        "--no-fuse-rule")
     taken: set[int] = set()
     records: list[FusionRecord] = []
     merges: list[tuple[FusionRule, tuple[int, ...]]] = []
@@ -47,6 +52,9 @@ def fuse_groups(plan: Plan) -> Plan:
                 continue
             if not plan.options.fuse:
                 records.append(FusionRecord(rule.name, members, False, "fusion is off (--no-fuse)"))
+                continue
+            if rule.name in plan.options.skip_fusions:
+                records.append(FusionRecord(rule.name, members, False, f"skipped (--no-fuse-rule {rule.name})"))
                 continue
             split = plan.options.tp > 1 or (plan.shard is not None and plan.shard.ranks > 1)
             if split and not rule.tensor_parallel:

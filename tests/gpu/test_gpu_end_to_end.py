@@ -34,7 +34,8 @@ def bundles(tmp_path_factory, tiny_path):
     for name, reuse, index_cache in (("tiny", True, "f32"), ("tiny-debug", False, "f32"), ("tiny-fp8", True, "fp8")):
         path = root / f"{name}.kbp"
         compile_bundle(CompileRequest(blueprint=Path(tiny_path), output=path,
-                                      options=Options(max_context=64, arena_reuse=reuse, index_cache=index_cache),
+                                      options=Options(max_context=64, arena_reuse=reuse, index_cache=index_cache,
+                                                      numerics="exact"),
                                       signer=Signer.load(keys.private), cache_dir=root / "cache"))
         out[name] = path
     return out, Keyring.load(keys.public)
