@@ -177,6 +177,8 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
                    "(never changes the math).")
 @click.option("--no-fuse-rule", "skip_fusions", multiple=True, metavar="RULE",
               help="Leave one fusion rule unapplied (repeatable; compile prints the rules it applied).")
+@click.option("--fuse-rule", "add_fusions", multiple=True, metavar="RULE",
+              help="Also apply an opt-in fusion rule (repeatable; compile says which rules are opt-in and why).")
 @click.option("--pdl/--no-pdl", default=True, show_default=True,
               help="Programmatic dependent launch: each kernel may start while the one before it drains.")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -199,7 +201,7 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @json_options
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
-                index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], pdl: bool, key_path: Path | None,
+                index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], add_fusions: tuple[str, ...], pdl: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
@@ -220,6 +222,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
                              options=Options(target=target, tp=tp, max_context=max_context,
                                              arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
                                              skip_fusions=tuple(sorted(set(skip_fusions))),
+                                             add_fusions=tuple(sorted(set(add_fusions))),
                                              index_cache=index_cache),
                              signer=signing_key(key_path, may_create_default_key(),
                                                 lambda note: click.echo(note, err=True)),

@@ -34,6 +34,7 @@ class Options:
     pdl: bool = True                  # programmatic dependent launch between a stream's kernels
     fuse: bool = True                 # merge groups across the blueprint's boundaries (fuse_groups)
     skip_fusions: tuple[str, ...] = ()   # fusion rules not to apply (kbpc/passes/fusion_rules.py names)
+    add_fusions: tuple[str, ...] = ()    # opt-in fusion rules to apply as well
     batch: int = 1                    # tokens per step (decode rows); only 1 is lowered today
     index_cache: str = "f32"          # dsa_indexer pool keys: f32, or fp8 (rotated E4M3, kbpc/ir/state.py)
 

@@ -29,7 +29,7 @@ def fuse_groups(plan: Plan) -> Plan:
     device = {g.id for g in plan.groups if g.where == "device"}
     neighbours = _neighbours(plan)
     deps = grouping.dependencies()
-    unknown = sorted(set(plan.options.skip_fusions) - {r.name for r in FUSION_RULES})
+    unknown = sorted(set(plan.options.skip_fusions + plan.options.add_fusions) - {r.name for r in FUSION_RULES})
     if unknown:
         raise KbpcError(f"no fusion rule {unknown[0]!r}; the rules are {', '.join(r.name for r in FUSION_RULES)}",
                         "--no-fuse-rule")
@@ -55,6 +55,10 @@ def fuse_groups(plan: Plan) -> Plan:
                 continue
             if rule.name in plan.options.skip_fusions:
                 records.append(FusionRecord(rule.name, members, False, f"skipped (--no-fuse-rule {rule.name})"))
+                continue
+            if not rule.default and rule.name not in plan.options.add_fusions:
+                records.append(FusionRecord(rule.name, members, False,
+                                            f"opt-in (--fuse-rule {rule.name}): {rule.off_by_default_why}"))
                 continue
             split = plan.options.tp > 1 or (plan.shard is not None and plan.shard.ranks > 1)
             if split and not rule.tensor_parallel:

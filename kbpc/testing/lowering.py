@@ -11,14 +11,17 @@ from kbpc.codegen.records import Launch
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import LoweredGroup, Options, Plan
 from kbpc.passes import run_pipeline
+from kbpc.passes.fusion_rules import OPT_IN_RULES
 from kbpc.ir.buffers import buffer_name
 
 
 @lru_cache(maxsize=8)
 def planned(path: str, target: str = "sm_90", fuse: bool = False, numerics: str = "fast") -> tuple[Plan, LowerCtx]:
     """The planned blueprint and its lowering context; by default without the fusion pass, so a
-    family's tests see the blueprint's own groups (fused forms are tested with fuse=True)."""
-    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse, numerics=numerics))
+    family's tests see the blueprint's own groups (fused forms are tested with fuse=True, which
+    applies the opt-in rules too)."""
+    plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse, numerics=numerics,
+                                                            add_fusions=OPT_IN_RULES if fuse else ()))
     return plan, LowerCtx(plan)
 
 

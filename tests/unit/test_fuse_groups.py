@@ -14,13 +14,13 @@ from kbpc.ir.buffers import buffer_name
 from kbpc.ir.plan import LoweredGroup, Options, Plan
 from kbpc.passes import PIPELINE, run_pipeline
 from kbpc.passes.fuse_groups import _convex, fuse_groups
-from kbpc.passes.fusion_rules import FUSION_RULES
+from kbpc.passes.fusion_rules import FUSION_RULES, OPT_IN_RULES
 from kbpc.passes.invariants import check_invariants
 
 
 def _before(bp, **opts) -> Plan:
     """The plan just before fuse_groups."""
-    plan = Plan(blueprint=bp, options=Options(**opts))
+    plan = Plan(blueprint=bp, options=Options(**{"add_fusions": OPT_IN_RULES, **opts}))
     for name, fn in PIPELINE:
         if name == "fuse_groups":
             return plan
@@ -122,7 +122,7 @@ def test_plan_after_fusion(tiny_bp):
 
 
 def test_every_rule_lowers(tiny_bp):
-    plan = run_pipeline(tiny_bp, Options())
+    plan = run_pipeline(tiny_bp, Options(add_fusions=OPT_IN_RULES))
     ctx = LowerCtx(plan)
     served = set()
     for g in plan.groups:
@@ -139,3 +139,15 @@ def test_fusion_reduces_launches(tiny_bp):
              for f in (False, True)}
     merged = sum(len(f.groups) - 1 for f in run_pipeline(tiny_bp, Options()).fusions if f.applied)
     assert count[True] == count[False] - merged
+
+
+def test_opt_in_rules_apply_only_on_request(tiny_bp):
+    """Rules measured slower in the step are opt-in: left apart by default with the reason, applied
+    with --fuse-rule."""
+    assert OPT_IN_RULES
+    default = run_pipeline(tiny_bp, Options())
+    asked = run_pipeline(tiny_bp, Options(add_fusions=OPT_IN_RULES))
+    for name in OPT_IN_RULES:
+        mine = [f for f in default.fusions if f.rule == name]
+        assert mine and not any(f.applied for f in mine) and all("opt-in" in f.reason for f in mine)
+        assert any(f.applied for f in asked.fusions if f.rule == name)
