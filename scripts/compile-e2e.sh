@@ -16,6 +16,6 @@ $KBPC compile examples/tiny.graph.json -o out/tiny-debug.kbp --numerics exact --
 $KBPC shrink $SEED -o out/seed-e128.json --set experts=128
 $KBPC compile out/seed-e128.json -o out/seed-e128.kbp --numerics fast --max-context 17000 $K
 $KBPC compile out/seed-e128.json -o out/seed-e128-exact.kbp --numerics exact --max-context 17000 $K
-$KBPC compile out/seed-e128.json -o out/seed-e128-base.kbp --numerics exact --max-context 17000 --no-fuse --no-pdl $K
+[ -n "${WITH_BASE:-}" ] && $KBPC compile out/seed-e128.json -o out/seed-e128-base.kbp --numerics exact --max-context 17000 --no-fuse --no-pdl $K
 $KBPC compile out/seed-e128.json -o out/seed-e128-512k.kbp --numerics fast --max-context 524288 $K
 ls -la out
