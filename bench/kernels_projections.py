@@ -113,6 +113,51 @@ def w4a4_slots(name, n, k, slots, shared):
     return Case(f"w4a4_mx_static::moe_slots {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
+def w4a4_slots_bf16(name, n, k, slots, shared):
+    """The routed slot GEMV quantizing its BF16 row in every CTA (w4a4_gemv_moe_slots_bf16: the
+    step's form before 2026-12-01, beside the quantize-once pair the step launches now)."""
+    from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS  # noqa: PLC0415
+    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+    inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots_bf16<{k}>",
+                          ("const int*", "int", "const __nv_bfloat16*", "float", *W_PARAMS))
+    wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
+
+    def setup():
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run, rot = launcher(inst), rotations(wb)
+        wc, ws = _dev(slots * rot * n * k // 2), _dev(slots * rot * n * k // 16)
+        sg = to_gpu(np.ones(slots * rot, np.float32))
+        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        x, y = _dev(2 * rows * k), _dev(2 * slots * n)
+
+        def launch(i, stream=None):
+            run((n // 16, slots), (256, 1, 1), ids[i % rot], slots // rows, x, 1.0, wc, ws, sg, y, n, pdl=True,
+                sync=False, stream=stream)
+        return launch
+    return Case(f"w4a4_mx_static::moe_slots_bf16 {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * rows * k + 2 * slots * n,
+                setup)
+
+
+def w4a4_quant_swiglu(rows, k):
+    """The down projection's input rows: SwiGLU + NVFP4 quantization, one CTA per slot."""
+    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+    inst = KernelInstance("w4a4_mx_static", "w4a4_mx_static.cuh", f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
+                          ("const __nv_bfloat16*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
+
+    def setup():
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run = launcher(inst)
+        sets = [(_dev(rows * 4 * k), _dev(rows * k // 2), _dev(rows * k // 16), _dev(4 * rows))
+                for _ in range(rotations(rows * 4 * k))]
+
+        def launch(i, stream=None):
+            gu, c, sc, g = sets[i % len(sets)]
+            run((rows, 1, 1), (256, 1, 1), gu, 7.0, 1.0, c, sc, g, pdl=True, sync=False, stream=stream)
+        return launch
+    return Case("w4a4_mx_static::quant_swiglu_rows", f"{rows}x{k}", rows * (4 * k + k // 2 + k // 16 + 4), setup)
+
+
 def w4a4_dense(name, n, k):
     def setup():
         f = _mod(f'#include "w4a4_mx.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) g(const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, float sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_dev<{k}>(ac, as, ag, wc, ws, sg, y, N); }}', f"bw44g{k}").get_function("g")
@@ -227,6 +272,9 @@ CASES = [
     w4a16_silu("shared expert down", 4096, 2048),
     w4a4_slots("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots("moe down (8 slots)", 4096, 2048, 8, False),
+    w4a4_slots_bf16("moe gate_up (8 slots)", 4096, 4096, 8, True),
+    w4a4_slots_bf16("moe down (8 slots)", 4096, 2048, 8, False),
+    w4a4_quant_swiglu(8, 2048),
     w4a4_dense("dense mlp gate_up", 24576, 4096),
     w4a4_dense("dense mlp down", 4096, 12288),
     wxay_split("dsa q_a", (1536,), 4096),

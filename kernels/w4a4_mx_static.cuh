@@ -16,10 +16,15 @@
 //       w4a4_quant_rows_static fused into w4a4_gemv_moe_slots (same grid): each CTA quantizes its
 //       BF16 activation row x[s / act_div] (K values) with gamma straight into shared memory, the
 //       same device functions in the same order, so the bytes equal the two-kernel path's.
+//   w4a4_quant_swiglu_rows_static<K>(gate_up, limit, gamma, a_codes, a_scales, a_g)   grid = m rows
+//       The routed clamped SwiGLU of [gate | up] BF16 rows (2K each), rounded to BF16 as
+//       glm_swiglu_clamp stores it, quantized as w4a4_quant_rows_static: the down projection's
+//       input rows in one launch (rule moe_swiglu_down).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
 
+#include "glm_swiglu_clamp.cuh"
 #include "w4a4_mx.cuh"
 
 namespace kbp {
@@ -125,6 +130,40 @@ __global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots_bf16(
     const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_bf16_dev<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N);
+}
+
+// ------------------------------------------------------------------ the down projection's input
+
+// Group j (16 values) of the clamped SwiGLU of a [gate (K) | up (K)] BF16 row, each value rounded
+// to BF16 as glm_swiglu_clamp stores it, quantized with the static scale gamma (1/gamma = inv_g).
+template <int K>
+__device__ __forceinline__ void swiglu_quant_group(const __nv_bfloat16* gate_up, int j, float limit, float gamma,
+                                                   float inv_g, uint8_t* codes, uint8_t* scale) {
+    float v[16], u[16];
+    bf16x16_load(gate_up + 16 * j, v);
+    bf16x16_load(gate_up + K + 16 * j, u);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = round_bf16(swiglu_clamp_element(v[i], u[i], limit));
+    nvfp4_quant_group(v, gamma, inv_g, codes, scale);
+}
+
+// The down projection's input rows, quantized once per slot (grid = rows, block 256): row r's
+// clamped SwiGLU of gate_up[r] (2K BF16), rounded to BF16, NVFP4 with gamma, as
+// w4a4_quant_rows_static would write it from the stored SwiGLU row (a_g[r] = gamma).
+template <int K>
+__global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_bfloat16* __restrict__ gate_up,
+                                                                      float limit, float gamma,
+                                                                      uint8_t* __restrict__ a_codes,
+                                                                      uint8_t* __restrict__ a_scales,
+                                                                      float* __restrict__ a_g) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
+    const size_t r = blockIdx.x;
+    const float inv_g = __fdiv_rn(1.0f, gamma);
+    for (int j = threadIdx.x; j < K / 16; j += 256)
+        swiglu_quant_group<K>(gate_up + r * (2 * (size_t)K), j, limit, gamma, inv_g, a_codes + r * (K / 2) + 8 * j,
+                              a_scales + r * (K / 16) + j);
+    if (threadIdx.x == 0) a_g[r] = gamma;
 }
 
 }  // namespace kbp

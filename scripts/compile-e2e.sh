@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile the bundles scripts/gpu-e2e.sh checks (any machine with nvcc), into out/ with the keyring
 # in out/keys: the tiny example in exact and fast mode (and a debug-arena build), the 128-expert
-# shrink of the seed in fast and exact mode, the same without fusion and PDL (the baseline), and
-# a fast build sized for 512k context.
+# shrink of the seed in fast and exact mode, the same without fusion and PDL (the baseline), a
+# fast build sized for 512k context, and the full-depth (45-layer) toy shrink of the seed in exact
+# and fast mode (what `kbpc verify --numerics` checks over every layer kind and depth).
 set -euo pipefail
 SEED=examples/glm-5.3-flash-nvfp4-tp3-512k.decode1.graph.json
 KBPC="python3 -m kbpc.cli"
@@ -13,6 +14,9 @@ K="--key $KEY -j ${JOBS:-2}"
 $KBPC compile examples/tiny.graph.json -o out/tiny.kbp --numerics exact --max-context 128 $K
 $KBPC compile examples/tiny.graph.json -o out/tiny-fast.kbp --numerics fast --max-context 128 $K
 $KBPC compile examples/tiny.graph.json -o out/tiny-debug.kbp --numerics exact --max-context 128 --debug-arena $K
+$KBPC shrink $SEED -o out/deep.json --preset tiny --layers 0-44
+$KBPC compile out/deep.json -o out/deep.kbp --numerics exact --max-context 128 $K
+$KBPC compile out/deep.json -o out/deep-fast.kbp --numerics fast --max-context 128 $K
 $KBPC shrink $SEED -o out/seed-e128.json --set experts=128
 $KBPC compile out/seed-e128.json -o out/seed-e128.kbp --numerics fast --max-context 17000 $K
 $KBPC compile out/seed-e128.json -o out/seed-e128-exact.kbp --numerics exact --max-context 17000 $K

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# End-to-end check on the GPU machine (one device call): the tiny bundles against the reference
-# interpreter (every intermediate with the debug-arena build, then 64 positions of logits), every
+# End-to-end check on the GPU machine (one device call): the tiny bundles and the full-depth toy
+# shrinks (out/deep*.kbp) against the reference interpreter (every intermediate with the
+# debug-arena build, then 64 positions of logits), every
 # out/seed-*.kbp decoded and benchmarked, then the GPU tests named by GPU_TESTS (default: all).
 # Bundles are compiled beforehand on any machine with nvcc (scripts/compile-e2e.sh) into out/,
 # with the keyring in out/keys.
@@ -24,7 +25,8 @@ step() { echo "== $*"; "$@" || rc=1; }
 if [ -f out/tiny-debug.kbp ]; then   # compiled with --debug-arena: every intermediate vs the reference
     step $KBPC verify out/tiny-debug.kbp $TRUST --numerics --intermediates --positions 4 -q 2>&1 | tail -15 | tee "$OUTDIR/intermediates.log"
 fi
-for t in out/tiny*.kbp; do
+for t in out/tiny*.kbp out/deep*.kbp; do
+    [ -f "$t" ] || continue
     [ "$t" = out/tiny-debug.kbp ] && continue
     name=$(basename "$t" .kbp)
     step $KBPC verify "$t" $TRUST --numerics --positions 64 -q --json-out "$OUTDIR/numerics-$name.json" 2>&1 | tail -3 | tee "$OUTDIR/numerics-$name.log"

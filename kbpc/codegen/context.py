@@ -23,9 +23,10 @@ class LoweringError(KbpcError):
 
 @dataclass(frozen=True)
 class Quant:
-    codes: ArenaPtr
-    scales: ArenaPtr
-    globals: ArenaPtr
+    """Planar parts of a quantized activation row set: in the arena, or a quantizer's scratch state."""
+    codes: ArenaPtr | StatePtr
+    scales: ArenaPtr | StatePtr
+    globals: ArenaPtr | StatePtr
 
 
 class LowerCtx:

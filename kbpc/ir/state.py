@@ -5,7 +5,9 @@ Kinds come from a node's `state` field in the blueprint (`conv:update`, `h:updat
 nothing: snapshots serve multi-token verify, reads use the writer's buffers). The fused
 hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace; the
 indexer's selection and the split MLA decode keep the scratch their last-arriving CTAs combine
-(arrival counters that the kernels return to zero, so a replayed step finds them zeroed). Caches
+(arrival counters that the kernels return to zero, so a replayed step finds them zeroed). A
+routed expert's NVFP4 input quantizer keeps the quantized rows it hands to the expert GEMV in its
+group (codes, scales, global scale: scratch of one step). Caches
 are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
 cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool."""
 from __future__ import annotations
@@ -73,6 +75,25 @@ def _mla_read(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
     return mla_merge_state(node, q.rows_per_token * batch, max(1, q.dim_value // latent), latent)
 
 
+ROUTED_EXPERT_OPS = ("expert_gate_up", "expert_down")
+
+
+def routed_quant_rows(node: Node, rows: int, k: int) -> tuple[StateBuffer, StateBuffer, StateBuffer]:
+    """The NVFP4 rows an act_quant writes for the routed expert GEMV of its group: codes (rows, K/2),
+    E4M3 scales (rows, K/16), FP32 global scales (rows,)."""
+    return (StateBuffer(f"{node.id}.codes", rows * (k // 2), (rows, k // 2), "e2m1x2"),
+            StateBuffer(f"{node.id}.scales", rows * (k // 16), (rows, k // 16), "e4m3"),
+            StateBuffer(f"{node.id}.g", rows * 4, (rows,), "f32"))
+
+
+def _routed_quant(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
+    outs = bp.outputs(node.order)
+    if len(outs) != 1 or outs[0].format != "nvfp4/g16" or bp.node(outs[0].dst).op_base not in ROUTED_EXPERT_OPS:
+        return ()
+    x = bp.inputs(node.order)[0]
+    return routed_quant_rows(node, x.rows_per_token * batch, x.dim_value)
+
+
 def _index_pools(bp: Blueprint, ctx: int, index_cache: str, node: Node) -> tuple[StateBuffer, ...]:
     d, kp = bp.symbols["index_head_dim"], bp.symbols["index_kpool"]
     pools = -(-ctx // kp)
@@ -119,6 +140,8 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
     for node in bp.nodes():
         if node.op == "hc_pre":
             out.extend(_hc_pre(bp, node, options.batch))
+        if node.op_base == "act_quant":
+            out.extend(_routed_quant(bp, node, options.batch))
         for kind in node.state:
             out.extend(_of_kind(bp, node, kind, options))
     return out

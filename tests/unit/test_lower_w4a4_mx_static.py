@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kbpc.codegen.args import lit
+from kbpc.codegen.context import LowerCtx
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options
+from kbpc.passes import run_pipeline
 from kbpc.codegen.families import w4a4_mx_static
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
@@ -23,25 +27,59 @@ def test_rules(tiny):
                      "glm_moe_w4a4_cs_gate_up_1_kda", "glm_moe_w4a4_cs_down_1_kda"}
 
 
-def test_fused_slot_launches(tiny):
+def _slots_instance(k):
+    return ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *w4a4_mx_static.W_PARAMS)
+
+
+def test_fused_quant_then_slot_launches(tiny):
+    """Blueprint groups {act_quant, expert}: the quantizer writes its scratch rows once, then the slot
+    GEMV (one 16-row tile per CTA) reads them."""
     plan, ctx = tiny
     bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
     for g in family_groups(plan, "w4a4_mx_static"):
-        (launch,) = w4a4_mx_static.lower(ctx, g)
+        quant_launch, slots = w4a4_mx_static.lower(ctx, g)
         quant = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "act_quant")
         expert = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op.startswith("expert_"))
         x, y = ctx.input(quant), ctx.output(expert)
         ids = next(t for t in ctx.inputs(expert) if t.format == "i32")
         k, n = x.dim_value, y.dim_value
-        assert launch.instance.kernel == f"kbp::w4a4_gemv_moe_slots_bf16<{k}>"
-        assert launch.grid == (n // 16, top_k, 1) and launch.block == (256, 1, 1)
+        rows = (ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
+                ctx.state(f"{quant.id}.g", "float"))
+        assert quant_launch.instance.kernel == f"kbp::w4a4_quant_rows_static<{k}>"
         gate_up = expert.op == "expert_gate_up"
-        assert launch.args[1] == lit(top_k if gate_up else 1)   # shared row vs one row per slot
-        assert ctx.rows(x) == (1 if gate_up else top_k)
-        assert launch.args == (ctx.buf(ids, "const int"), launch.args[1], ctx.buf(x),
-                               ctx.weight_value(expert, "input_scale"), ctx.weight(expert),
-                               ctx.weight(expert, "weight_scale"), ctx.weight(expert, "weight_scale_2", "float"),
-                               ctx.buf(y), lit(n))
-        assert launch.instance.params[3] == "float" and launch.instance.params[6] == "const float*"
-        assert set(launch.nodes) == set(g.nodes)
-        assert unwritten(plan, g, [launch]) == []
+        assert quant_launch.grid == (1 if gate_up else top_k, 1, 1)
+        assert quant_launch.args == (ctx.buf(x), ctx.weight_value(expert, "input_scale"), *rows)
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{k}>"
+        assert slots.instance.params == _slots_instance(k)
+        assert slots.grid == (n // 16, top_k, 1) and slots.block == (256, 1, 1)
+        assert slots.args == (ctx.buf(ids, "const int"), lit(top_k if gate_up else 1), *rows, ctx.weight(expert),
+                              ctx.weight(expert, "weight_scale"), ctx.weight(expert, "weight_scale_2", "float"),
+                              ctx.buf(y), lit(n))
+        assert set(quant_launch.nodes) | set(slots.nodes) == set(g.nodes)
+        assert unwritten(plan, g, [quant_launch, slots]) == []
+
+
+def test_swiglu_fused_into_down(tiny_path):
+    """Rule moe_swiglu_down (opt-in): the routed SwiGLU group joins the down projection's group; one
+    launch writes the quantized SwiGLU rows (one per slot), the slot GEMV reads them."""
+    plan = run_pipeline(load_blueprint(tiny_path), Options(add_fusions=("moe_swiglu_down",)))
+    ctx = LowerCtx(plan)
+    bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
+    fused = [g for g in plan.groups if g.rule == "fused:moe_swiglu_down"]
+    assert fused and all(g.family == "w4a4_mx_static" for g in fused)
+    for g in fused:
+        quant_launch, slots = w4a4_mx_static.lower(ctx, g)
+        ops = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes}
+        assert set(ops) == {"swiglu_clamp", "silu_mul", "act_quant", "expert_down"}
+        gu, expert, quant = ctx.input(ops["swiglu_clamp"]), ops["expert_down"], ops["act_quant"]
+        k = ctx.output(ops["silu_mul"]).dim_value
+        rows = (ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
+                ctx.state(f"{quant.id}.g", "float"))
+        assert quant_launch.instance.kernel == f"kbp::w4a4_quant_swiglu_rows_static<{k}>"
+        assert quant_launch.grid == (top_k, 1, 1) and ctx.rows(gu) == top_k and gu.dim_value == 2 * k
+        assert quant_launch.args[0] == ctx.buf(gu, f"const {BF}") and quant_launch.args[3:] == rows
+        assert quant_launch.args[1].value == pytest.approx(ctx.c.swiglu_limit)
+        assert quant_launch.args[2] == ctx.weight_value(expert, "input_scale")
+        assert slots.args[1] == lit(1) and slots.args[2:5] == rows
+        assert set(quant_launch.nodes) | set(slots.nodes) == set(g.nodes)
+        assert unwritten(plan, g, [quant_launch, slots]) == []

@@ -117,8 +117,9 @@ def test_rank_command_runs_the_worker_with_its_rank():
 
 
 def test_a_worker_that_cannot_open_its_bundle_reports_an_error(tmp_path):
-    """The real rank worker's failure path: a clear error event and exit code 2."""
-    with pytest.raises(DeviceError, match=r"rank \d: .*not found|rank \d: .*no such"):
+    """The real rank worker's failure path: a clear error event and exit code 2 (on a machine
+    without a default keyring the worker refuses for that reason first)."""
+    with pytest.raises(DeviceError, match=r"rank \d: .*(not found|no such|no --trust keyring)"):
         launch_ranks(rank_command({"bundle": str(tmp_path / "missing.kbp"), "ranks": 2, "weights": "synthetic:0",
                                    "prompt": [1], "max_new_tokens": 1, "trust": None, "timeout_s": 5}),
                      2, Deadlines(ready_s=60, grace_s=1.0))

@@ -1,0 +1,76 @@
+"""GPU test of the step's routed down projection (rule moe_swiglu_down) through the product's
+launchers, bit for bit against the reference (kbpc.reference): the slots' SwiGLU + quantization
+in one launch (w4a4_quant_swiglu_rows_static), then the slot GEMV over the quantized rows."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS
+from kbpc.codegen.records import KernelInstance
+from kbpc.reference import w4a4_mx_static as ref_w4a4s
+from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_nvfp4, quantize_nvfp4_static, to_bf16
+from kbpc.reference.glm_swiglu_clamp import swiglu_clamp_rows
+
+pytestmark = pytest.mark.gpu
+RNG = np.random.default_rng()   # fresh inputs every run; failures print the sizes
+LIMIT = 7.0
+
+
+@lru_cache(maxsize=2)
+def _experts(count: int, n: int, k: int):
+    """A stack of random NVFP4 experts (cached per size: quantizing them is the slow part)."""
+    stack = []
+    for _ in range(count):
+        w = RNG.standard_normal((n, k)).astype(np.float32) * np.exp(RNG.standard_normal((n, 1))).astype(np.float32)
+        stack.append(quantize_nvfp4(w * np.float32(0.02)))
+    return (np.stack([p for p, _, _ in stack]), np.stack([s for _, s, _ in stack]),
+            np.array([g for _, _, g in stack], np.float32))
+
+
+def _ids(experts: int, top_k: int) -> np.ndarray:
+    ids = RNG.choice(experts, top_k, replace=False).astype(np.int32)
+    ids[RNG.integers(top_k)] = -1   # an empty slot writes zeros
+    return ids
+
+
+def _assert_equal(got_bits, want, what):
+    want_bits = bf16_bits(want).reshape(got_bits.shape)
+    bad = np.flatnonzero(got_bits != want_bits)
+    assert bad.size == 0, (f"{what}: {bad.size} of {want_bits.size} differ, first {bad[:5]}: got "
+                           f"{bf16_from_bits(got_bits.reshape(-1)[bad[:5]])} want {np.asarray(want).reshape(-1)[bad[:5]]}")
+
+
+SIZES = [(4096, 4096, 10, 8), (4096, 2048, 10, 8), (48, 2176, 5, 4), (7168, 1024, 6, 6), (272, 7168, 4, 3)]
+
+
+@pytest.mark.parametrize("n,k,experts,top_k", SIZES)
+def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
+    """The step's down projection (rule moe_swiglu_down): w4a4_quant_swiglu_rows_static writes the
+    slots' quantized SwiGLU rows, w4a4_gemv_moe_slots reads them; the instances as the lowering
+    builds them (kbpc/codegen/families/w4a4_mx_static.py)."""
+    from kbpc.testing import gpu
+    from kbpc.testing.launchers import launcher
+
+    weights, ids = _experts(experts, n, k), _ids(experts, top_k)
+    gu = to_bf16(RNG.standard_normal((top_k, 2 * k)).astype(np.float32) * np.float32(4.0))
+    h = swiglu_clamp_rows(gu, LIMIT)
+    gamma = np.float32(np.abs(h).max() / 2688)
+    quant = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
+                           ("const __nv_bfloat16*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
+    slots = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
+                           ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
+    c, s, a = (gpu.poisoned((top_k, k // 2), np.uint8), gpu.poisoned((top_k, k // 16), np.uint8),
+               gpu.poisoned((top_k,), np.float32))
+    launcher(quant)((top_k, 1, 1), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)), LIMIT, gamma, c, s, a, pdl=True)
+    packed, scales, g = quantize_nvfp4_static(h, gamma)
+    # codes and scales are raw bytes (any value, the poison byte included): compared, not poison-checked
+    assert np.array_equal(c.get(), packed) and np.array_equal(s.get(), scales)
+    assert np.array_equal(gpu.fetch(a, "g"), np.full(top_k, gamma, np.float32))
+    wp, ws, wg = weights
+    y = gpu.poisoned((top_k, n), np.uint16)
+    launcher(slots)((n // 16, top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
+                    gpu.to_gpu(wg), y, n, pdl=True)
+    _assert_equal(gpu.fetch(y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids), f"pair n={n} k={k}")
