@@ -79,6 +79,7 @@ class _Fused:
         self.run = _launcher(self.inst)
         self.w, self.bias = gpu.to_gpu(bf16_bits(w)), gpu.to_gpu(bias)
         self.arrive = gpu.to_gpu(np.zeros(1, np.uint32))
+        self.inputs = []   # the rows of every launch, alive until the test ends (launches may not have run)
 
     def launch(self, x_bits, pdl: bool = False, sync: bool = True):
         """Enqueue one launch over the rows of x; returns its (logits, weights, ids) device arrays."""
@@ -86,7 +87,8 @@ class _Fused:
         m = x_bits.shape[0]
         logits = gpu.poisoned((m, self.e), F32)
         wts, ids = gpu.poisoned((m, self.k), F32), gpu.poisoned((m, self.k), np.int32)
-        self.run((-(-self.e // self.opc), m, 1), (64 * self.opc, 1, 1), self.w, gpu.to_gpu(x_bits), self.bias,
+        self.inputs.append(gpu.to_gpu(x_bits))
+        self.run((-(-self.e // self.opc), m, 1), (64 * self.opc, 1, 1), self.w, self.inputs[-1], self.bias,
                  SCALE, logits, self.arrive, wts, ids, pdl=pdl, sync=sync)
         return logits, wts, ids
 
