@@ -5,7 +5,11 @@ glm_router_topk, glm_swiglu_clamp, glm_moe_combine, embed_copy) at the seed's sh
 The hyper-connection boundary (post-mix of one site + pre-mix and RMSNorm of the next) has a
 budget of 4 us; it is timed as the two kernels back to back, as the 24-CTA FUSE_POST form, and as
 the one-launch hc_boundary (glm_mhc_boundary.cuh) the lowering uses, at several CTA shapes and with
-the gates + Sinkhorn left to a side stream; the head + final norm likewise."""
+the gates + Sinkhorn left to a side stream; the head + final norm likewise.
+
+The MoE router (fusion rule router_gemv_topk) is timed as the fused router_gemv_topk and as the two
+launches it replaces (the dense_bf16 GEMV, then router_topk), both through the product's launchers
+with PDL, at the seed's 288 experts and its 128-expert shrink."""
 from __future__ import annotations
 
 import numpy as np
@@ -255,6 +259,47 @@ def _router_case() -> Case:
     return Case("glm_router_topk::router_topk", f"1x{EXPERTS} f32, top {TOPK}", nbytes, setup)
 
 
+def _router_gemv_cases() -> list[Case]:
+    """router_gemv_topk (one launch) vs dense_gemv_bf16 + router_topk (two), PDL on both; the router
+    weights rotate over sets (2.4 MB at 288 experts), the counter and outputs are shared."""
+    def make(experts: int, fused: bool):
+        def setup():
+            from kbpc.codegen.families import dense_bf16 as dense  # noqa: PLC0415
+            from kbpc.codegen.families import glm_router_topk as router  # noqa: PLC0415
+            from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+            from kbpc.testing.launchers import launcher  # noqa: PLC0415
+            rng = np.random.default_rng(0)
+            ws = [_gpu(_bf16(rng, (experts, D), 0.05)) for _ in range(rotations(experts * D * 2))]
+            x, b = _gpu(_bf16(rng, D)), _gpu((rng.standard_normal(experts) * 0.1).astype(F32))
+            z, w, ids = _gpu(np.zeros(experts, F32)), _gpu(np.zeros(TOPK, F32)), _gpu(np.zeros(TOPK, np.int32))
+            if fused:
+                run, opc = launcher(router.fused_instance(D, experts, TOPK)), router.fused_outputs_per_cta(experts)
+                arrive = _gpu(np.zeros(1, np.uint32))
+                return lambda i: run((-(-experts // opc), 1, 1), (64 * opc, 1, 1), ws[i % len(ws)], x, b, F32(2.5),
+                                     z, arrive, w, ids, pdl=True, sync=False)
+            opc = dense.outputs_per_cta(experts)
+            kernel = f"kbp::dense_gemv_bf16<{D}, float>" if opc == 4 else f"kbp::dense_gemv_bf16_opc<{D}, float, {opc}>"
+            gemv = launcher(KernelInstance("dense_bf16", "dense_bf16.cuh", kernel,
+                                           ("const __nv_bfloat16*", "const __nv_bfloat16*", "float*", "int")))
+            topk = launcher(KernelInstance("glm_router_topk", "glm_router_topk.cuh",
+                                           f"kbp::router_topk<{experts}, {TOPK}>",
+                                           ("const float*", "const float*", "float", "float*", "int*")))
+
+            def launch(i):
+                gemv((-(-experts // opc), 1, 1), (64 * opc, 1, 1), ws[i % len(ws)], x, z, experts, pdl=True, sync=False)
+                topk((1, 1, 1), (router.router_threads(experts), 1, 1), z, b, F32(2.5), w, ids, pdl=True, sync=False)
+            return launch
+        return setup
+    out = []
+    for experts in (EXPERTS, 128):
+        nbytes = experts * D * 2 + D * 2 + experts * 4 + TOPK * 8
+        out += [Case("glm_router_topk::router_gemv_topk fused", f"{D}x{experts} bf16, top {TOPK}, pdl", nbytes,
+                     make(experts, True)),
+                Case("dense_bf16 gemv + router_topk (2 launches)", f"{D}x{experts} bf16, top {TOPK}, pdl", nbytes,
+                     make(experts, False))]
+    return out
+
+
 def _swiglu_case() -> Case:
     rows, zero_words = TOPK, D  # the routed down projection's FP32 accumulator of one token
     nbytes = rows * INTER * 2 * 2 + rows * INTER * 2 + zero_words * 4
@@ -302,4 +347,4 @@ def _embed_case() -> Case:
 
 CASES = [_pre_case(), *_pre_side_gates_cases(), _post_case(), _boundary_case(), _fused_boundary_case(),
          *_fused_boundary_cases(), *_expand_head_cases(), *_head_norm_cases(),
-         _router_case(), _swiglu_case(), _combine_case(), _embed_case()]
+         _router_case(), *_router_gemv_cases(), _swiglu_case(), _combine_case(), _embed_case()]

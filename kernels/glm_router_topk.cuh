@@ -8,6 +8,12 @@
 //     about (E/32 * K) * 8 + K * 8 bytes. K <= 32.
 //   kbp::router_topk_row<E, K, THREADS>(...) one token's body for a block of any THREADS (a
 //     multiple of 32, >= K): the fused MoE router (glm_moe_layer.cuh) runs it in 256-thread CTAs.
+//   kbp::router_gemv_topk<H, E, K, OPC>(w, x, bias, routed_scale, logits, arrive, weights, ids)
+//     the router GEMV and the top-k in one launch (fusion rule router_gemv_topk): w [E][H] BF16,
+//     x [m][H] BF16, logits [m][E] FP32 (written: a buffer or the step's scratch), arrive one
+//     uint32 that is zero at launch and left zero. grid (ceil(E / OPC), m), block 64 * OPC
+//     (OPC in {1, 2, 4}, 64 * OPC >= K), no dynamic smem. Launches that share `arrive` must not
+//     overlap (stream order, or PDL: nothing is touched before pdl_wait).
 // Math (kbpc.reference.glm_router_topk; FP32, no FMA contraction)
 //   s_e = 1 / (1 + expf(-z_e)), chi_e = fl(s_e + b_e) (selection only). Candidates: chi not NaN and
 //   chi > -inf. Expert a beats b if chi_a > chi_b, or chi_a == chi_b and a < b; slot r holds the
@@ -19,11 +25,17 @@
 // others of its own warp cannot be in the top K); each kept expert then counts the kept experts
 // of all warps that beat it, which is its slot when below K (a non-kept beater of a candidate
 // implies K kept beaters, so counts below K are exact).
+// Fused form: every CTA computes OPC logits of one token with dense_gemv_bf16_block (the dense_bf16
+// family's device code and order, so the logits are the router GEMV's bits), then arrives at
+// `arrive` (release: CTA barrier, thread 0's __threadfence, atomicAdd); the last CTA to arrive
+// (acquire: __threadfence after the atomic) resets it, stages every token's logits from L2 in
+// shared memory and runs router_topk_row on them. No CTA ever waits for another, so it cannot hang.
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
+#include "dense_bf16.cuh"
 #include "kbp_common.cuh"
 #include "kbp_transcendental.cuh"
 
@@ -123,6 +135,65 @@ router_topk(const float* __restrict__ logits, const float* __restrict__ bias, fl
             float* __restrict__ weights, int* __restrict__ ids) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
+}
+
+// True in every thread of the CTA that arrives last at `arrive` (of `total`), which resets it; the
+// other CTAs' writes before their arrival are then visible to the whole CTA.
+__device__ __forceinline__ bool router_last_cta(unsigned* arrive, unsigned total) {
+    __shared__ int last;
+    __syncthreads();  // the CTA's writes are done; thread 0's fence is cumulative over them
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const bool l = atomicAdd(arrive, 1u) == total - 1;
+        if (l) {
+            *arrive = 0u;     // every CTA has arrived: the next launch starts from zero
+            __threadfence();  // acquire: the other CTAs' writes are visible from here on
+        }
+        last = l;
+    }
+    __syncthreads();
+    return last != 0;
+}
+
+// The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1, then, in the last
+// CTA, the top-k of every token (gridDim.y of them) over the logits read back from L2.
+template <int H, int E, int K, int OPC>
+__device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* __restrict__ w,
+                                                      const __nv_bfloat16* __restrict__ x,
+                                                      const float* __restrict__ bias, float routed_scale,
+                                                      float* logits, unsigned* arrive,
+                                                      float* __restrict__ weights, int* __restrict__ ids) {
+    constexpr int THREADS = 64 * OPC;
+    // The weight bytes dense_row_partial loads only after pdl_wait (beyond its first batch of
+    // vectors) go to L2 first; x and everything else come after the dependency.
+    constexpr size_t ROW_BYTES = (size_t)H * 2, FIRST_BYTES = (size_t)64 * DENSE_BF16_BATCH * 16;
+    if (ROW_BYTES > FIRST_BYTES && blockIdx.y == 0) {
+        for (int s = 0; s < OPC; ++s) {
+            const int n = blockIdx.x * OPC + s;
+            if (n < E)
+                prefetch_l2(reinterpret_cast<const char*>(w + (size_t)n * H) + FIRST_BYTES,
+                            ROW_BYTES - FIRST_BYTES, threadIdx.x, THREADS);
+        }
+    }
+    const size_t t = blockIdx.y;
+    dense_gemv_bf16_block<H, float, OPC>(w, x + t * H, logits + t * E, E, blockIdx.x);  // pdl_wait inside
+    pdl_launch_dependents();  // the next kernel may start; it waits for this grid in its pdl_wait
+    if (!router_last_cta(arrive, gridDim.x * gridDim.y)) return;
+    __shared__ float z[E];
+    for (unsigned r = 0; r < gridDim.y; ++r) {
+        for (int e = threadIdx.x; e < E; e += THREADS) z[e] = __ldcg(logits + (size_t)r * E + e);
+        __syncthreads();
+        router_topk_row<E, K, THREADS>(z, bias, routed_scale, weights + (size_t)r * K, ids + (size_t)r * K);
+    }
+}
+
+template <int H, int E, int K, int OPC>
+__global__ void __launch_bounds__(64 * OPC)
+router_gemv_topk(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
+                 const float* __restrict__ bias, float routed_scale, float* logits, unsigned* arrive,
+                 float* __restrict__ weights, int* __restrict__ ids) {
+    // PDL: weights only before dense_row_partial's pdl_wait
+    router_gemv_topk_body<H, E, K, OPC>(w, x, bias, routed_scale, logits, arrive, weights, ids);
 }
 
 }  // namespace kbp

@@ -5,7 +5,10 @@ Kinds come from a node's `state` field in the blueprint (`conv:update`, `h:updat
 nothing: snapshots serve multi-token verify, reads use the writer's buffers). The fused
 hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace; the
 indexer's selection and the split MLA decode keep the scratch their last-arriving CTAs combine
-(arrival counters that the kernels return to zero, so a replayed step finds them zeroed). A
+(arrival counters that the kernels return to zero, so a replayed step finds them zeroed), and so
+does every top-k for the fused router (its logits and arrival counter, used when the fusion rule
+router_gemv_topk merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
+the state does not depend on which fusions ran). A
 routed expert's NVFP4 input quantizer keeps the quantized rows it hands to the expert GEMV in its
 group (codes, scales, global scale: scratch of one step). Caches
 are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
@@ -64,6 +67,19 @@ def mla_merge_state(attend: Node, rows: int, heads: int, latent: int) -> tuple[S
     return (StateBuffer(f"{attend.id}.merge", slots * (latent + 2) * 4, (rows, 2 * ORDER_WARPS, heads, latent + 2),
                         "f32"),
             StateBuffer(f"{attend.id}.counters", pairs * 4, (rows, ORDER_WARPS, heads), "i32"))
+
+
+def router_state(top_k: Node, rows: int, experts: int) -> tuple[StateBuffer, StateBuffer]:
+    """The fused router's scratch (kernels/glm_router_topk.cuh, router_gemv_topk): the FP32 logits
+    of every row (written by every CTA, read back by the last) and its arrival counter (zero
+    between launches)."""
+    return (StateBuffer(f"{top_k.id}.logits", rows * experts * 4, (rows, experts), "f32"),
+            StateBuffer(f"{top_k.id}.arrive", 4, (1,), "i32"))
+
+
+def _router(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
+    (z,) = [t for t in bp.inputs(node.order) if t.format != "i32"]
+    return router_state(node, z.rows_per_token * batch, z.dim_value)
 
 
 def _mla_read(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
@@ -142,6 +158,8 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
             out.extend(_hc_pre(bp, node, options.batch))
         if node.op_base == "act_quant":
             out.extend(_routed_quant(bp, node, options.batch))
+        if node.op == "top_k":
+            out.extend(_router(bp, node, options.batch))
         for kind in node.state:
             out.extend(_of_kind(bp, node, kind, options))
     return out

@@ -74,6 +74,14 @@ def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     return chain_fits(bp, nodes)
 
 
+def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The fused router's formats and limits (kbpc/codegen/families/glm_router_topk.py)."""
+    from kbpc.codegen.families.glm_router_topk import fused_fits  # noqa: PLC0415  (codegen imports this table)
+    return fused_fits(bp, nodes)
+
+
+# Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
+# so the opt-in moe_layer, when asked for, takes the router before router_gemv_topk does.
 FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
@@ -120,6 +128,9 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
                                   "7.47 ms a step with it vs 6.20 ms without, though the serialized profile is "
                                   "0.33 ms shorter with it; the cause in the graph replay is not found yet)"),
+    FusionRule("router_gemv_topk", "glm_router_topk", ("router", "top_k"), "top_k",
+               "the MoE router GEMV and its top-k in one launch (the last CTA to finish ranks the logits): one "
+               "launch and one full dependency fewer per MoE layer, the same bits", _router_topk_fits),
 )
 
 # The rules applied only on request (--fuse-rule), by name.

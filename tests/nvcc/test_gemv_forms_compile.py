@@ -1,5 +1,6 @@
-"""The fast and small-N GEMV forms instantiate at the seed's shapes and at odd legal shapes, for
-sm_90a (the real build flags; no register spills) and sm_121a (compile only, -O1)."""
+"""The fast and small-N GEMV forms, and the fused router GEMV + top-k (router_gemv_topk, as the
+lowering instantiates it), instantiate at the seed's shapes and at odd legal shapes, for sm_90a (the
+real build flags; no register spills) and sm_121a (compile only, -O1)."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kbpc.codegen.families.glm_router_topk import fused_instance
 from kbpc.toolchain.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
 
 pytestmark = pytest.mark.nvcc
@@ -20,6 +22,7 @@ SOURCE = f"""#include <cuda_bf16.h>
 #include "w4a16_mma.cuh"
 #include "wxay.cuh"
 #include "dense_bf16.cuh"
+#include "glm_router_topk.cuh"
 template __global__ void kbp::w4a16_mma<4096, 4, 2>({W4});
 template __global__ void kbp::w4a16_mma<8192, 8, 1>({W4});
 template __global__ void kbp::w4a16_mma<1056, 1, 8>({W4});
@@ -34,6 +37,11 @@ template __global__ void kbp::wxay_rowscale_split_ks<4096, 2, 2>(const __grid_co
 template __global__ void kbp::dense_gemv_bf16_opc<4096, float, 1>(const {BF}*, const {BF}*, float*, int);
 template __global__ void kbp::dense_gemv_bf16_opc<520, {BF}, 2>(const {BF}*, const {BF}*, {BF}*, int);
 """
+# (hidden, experts, top k): the seed, its 128-expert shrink, the tiny example, a row past the GEMV's
+# first load batch, the top-k's limits, odd sizes.
+ROUTERS = [(4096, 288, 8), (4096, 128, 8), (256, 8, 2), (6144, 256, 8), (1024, 1024, 32), (104, 33, 4), (512, 700, 8)]
+SOURCE += "".join(f"template __global__ void {i.kernel}({', '.join(i.params)});\n"
+                  for i in (fused_instance(*r) for r in ROUTERS))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_121a"])

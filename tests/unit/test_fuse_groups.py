@@ -81,6 +81,56 @@ def test_hc_expand_and_head_merge(tiny_bp):
         assert set(g.nodes) == {n for m in g.fused_from for b in before.groups if b.id == m for n in b.nodes}
 
 
+def test_router_gemv_merges_into_its_top_k(tiny_bp):
+    """Before: the router GEMV (dense_bf16) and the top-k (glm_router_topk) are two groups joined by
+    the logits edge. After: one glm_router_topk group per MoE block holding exactly those two nodes,
+    the logits edge without a buffer (nothing else reads it), the weights and ids still buffers."""
+    before = _before(tiny_bp, add_fusions=())
+    routers = {g.id: g for g in before.groups if _ops(tiny_bp, g) == ["router"]}
+    top_ks = {g.id: g for g in before.groups if _ops(tiny_bp, g) == ["top_k"]}
+    moe_blocks = {n.block for n in tiny_bp.nodes() if n.op == "top_k"}
+    assert len(routers) == len(top_ks) == len(moe_blocks) > 0
+    assert {routers[r].family for r in routers} == {"dense_bf16"}
+    after = fuse_groups(before)
+    merged = [g for g in after.groups if g.rule == "fused:router_gemv_topk"]
+    assert len(merged) == len(moe_blocks)
+    for g in merged:
+        router_id, top_k_id = g.fused_from
+        assert router_id in routers and top_k_id in top_ks and g.id == router_id
+        assert _ops(tiny_bp, g) == ["router", "top_k"] and g.family == "glm_router_topk"
+        assert g.nodes == routers[router_id].nodes + top_ks[top_k_id].nodes
+        assert g.variant == "cuda_core"
+    assert not any(g.id in top_ks for g in after.groups)
+    plan = run_pipeline(tiny_bp, Options())
+    names = {b.name for b in plan.buffers}
+    state = {s.name for s in plan.state}
+    for block in moe_blocks:
+        assert f"{block}.gate.logits" not in names
+        assert {f"{block}.top_k.topk_w", f"{block}.top_k.topk_id"} <= names
+        assert {f"{block}.top_k.logits", f"{block}.top_k.arrive"} <= state
+
+
+def test_router_gemv_topk_refusals(tiny_bp):
+    """moe_layer (opt-in) takes the router first when asked for; --no-fuse-rule leaves it apart; a
+    router that is not a BF16 GEMV is refused with the reason."""
+    import dataclasses as dc
+    asked = fuse_groups(_before(tiny_bp))
+    assert not any(g.rule == "fused:router_gemv_topk" for g in asked.groups)
+    assert any(g.rule == "fused:moe_layer" for g in asked.groups)
+    skipped = fuse_groups(_before(tiny_bp, add_fusions=(), skip_fusions=("router_gemv_topk",)))
+    mine = [f for f in skipped.fusions if f.rule == "router_gemv_topk"]
+    assert mine and all(not f.applied and "skipped" in f.reason for f in mine)
+    from kbpc.passes.fusion_rules import FUSION_RULES as rules
+    rule = next(r for r in rules if r.name == "router_gemv_topk")
+    router = next(n for n in tiny_bp.nodes() if n.op == "router")
+    top_k = next(n for n in tiny_bp.nodes() if n.op == "top_k" and n.block == router.block)
+    assert rule.check(tiny_bp, [router, top_k]) is None
+    fp8 = dc.replace(router, precision=dc.replace(router.precision, weight="fp8/channel"))
+    assert "not a BF16 GEMV" in rule.check(tiny_bp, [fp8, top_k])
+    other = next(n for n in tiny_bp.nodes() if n.op == "router" and n.block != router.block)
+    assert "does not read" in rule.check(tiny_bp, [other, top_k])
+
+
 def test_fuse_off_keeps_groups_and_reports(tiny_bp):
     before = _before(tiny_bp, fuse=False)
     after = fuse_groups(before)
@@ -123,7 +173,8 @@ def test_plan_after_fusion(tiny_bp):
 
 def test_every_rule_lowers(tiny_bp):
     """Every rule is applied and lowered in the default plan, with all opt-in rules, or with one
-    opt-in rule alone (moe_layer takes the groups moe_swiglu_down would merge)."""
+    opt-in rule alone (moe_layer takes the groups
+    moe_swiglu_down and router_gemv_topk would merge)."""
     served = set()
     for options in (Options(), Options(add_fusions=OPT_IN_RULES), *(Options(add_fusions=(r,)) for r in OPT_IN_RULES)):
         plan = run_pipeline(tiny_bp, options)

@@ -1,18 +1,38 @@
-"""glm_router_topk: sigmoid + correction-bias top-k routing (kernels/glm_router_topk.cuh):
-glm_router_topk_rank_kda / _dsa, one router_topk launch per group. The FP32 logits come from the
-router GEMV group; the weights (routed scale included) and the expert ids are the top_k node's
-`topk_w` and `topk_id` buffers. E = the logits width, K = the slots per token."""
+"""glm_router_topk: sigmoid + correction-bias top-k routing (kernels/glm_router_topk.cuh).
+
+- glm_router_topk_rank_kda / _dsa: one router_topk launch per group. The FP32 logits come from the
+  router GEMV group; the weights (routed scale included) and the expert ids are the top_k node's
+  `topk_w` and `topk_id` buffers. E = the logits width, K = the slots per token.
+- fused:router_gemv_topk (the router node + top_k, kbpc/passes/fusion_rules.py): one
+  router_gemv_topk launch, the router GEMV in the dense_bf16 family's device code and order (the
+  same logits bits) over ceil(E / OPC) x rows CTAs, then the top-k in the last CTA to finish. The
+  logits go to their buffer when a group outside reads them, else to the top_k node's scratch
+  state; the arrival counter is state too (kbpc.ir.state.router_state: zero at reset, left zero)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kbpc.codegen.context import LowerCtx, flt
-from kbpc.codegen.families._projection import require
+from kbpc.codegen.families._projection import materialized, require
+from kbpc.codegen.families.dense_bf16 import outputs_per_cta
+from kbpc.codegen.families.dsa_state import state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.records import Node, Tensor
+from kbpc.ir.state import router_state
+
+if TYPE_CHECKING:
+    from kbpc.ir.graph import Blueprint
 
 HEADER = "glm_router_topk.cuh"
 KERNEL_RENORM_EPS = np.float32(1e-20)   # the kernel's fixed renormalisation epsilon
+MAX_EXPERTS, MAX_SLOTS = 1024, 32       # router_topk_row's limits
+FUSED_EXPERTS_PER_THREAD = 4            # the fused top-k's CTA plays at most this many experts a thread
+FUSED_PARAMS = ("const __nv_bfloat16*", "const __nv_bfloat16*", "const float*", "float", "float*",
+                "unsigned int*", "float*", "int*")
 
 
 def router_threads(experts: int) -> int:
@@ -20,20 +40,102 @@ def router_threads(experts: int) -> int:
     return 32 * -(-experts // 32)
 
 
-def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+def fused_outputs_per_cta(experts: int) -> int:
+    """Router outputs per CTA of the fused kernel: the dense GEMV's choice (kbpc.codegen.families.
+    dense_bf16.outputs_per_cta), raised until the last CTA's 64 * OPC threads play at most
+    FUSED_EXPERTS_PER_THREAD experts each in the top-k (4 at most: 256 threads)."""
+    opc = outputs_per_cta(experts)
+    while opc < 4 and FUSED_EXPERTS_PER_THREAD * 64 * opc < router_threads(experts):
+        opc *= 2
+    return opc
+
+
+def fused_instance(hidden: int, experts: int, k: int) -> KernelInstance:
+    opc = fused_outputs_per_cta(experts)
+    return KernelInstance("glm_router_topk", HEADER, f"kbp::router_gemv_topk<{hidden}, {experts}, {k}, {opc}>",
+                          FUSED_PARAMS)
+
+
+@dataclass(frozen=True)
+class _TopK:
+    node: Node
+    logits: Tensor
+    weights: Tensor
+    ids: Tensor
+    experts: int
+    slots: int
+    rows: int
+
+
+def _top_k(ctx: LowerCtx, group: LoweredGroup) -> _TopK:
     node = ctx.node(group, "top_k")
     z, w, ids = ctx.input(node), ctx.output(node, "topk_w"), ctx.output(node, "topk_id")
     e, k = z.dim_value, w.dim_value
-    require(1 <= e <= 1024 and 1 <= k <= min(32, e), f"router_topk takes E <= 1024, K <= 32 (E {e}, K {k})", node)
+    require(1 <= e <= MAX_EXPERTS and 1 <= k <= min(MAX_SLOTS, e),
+            f"router_topk takes E <= {MAX_EXPERTS}, K <= {MAX_SLOTS} (E {e}, K {k})", node)
     require(ids.dim_value == k and w.format == "f32" and ids.format == "i32" and z.format == "f32",
             f"router outputs {w.format} x {w.dim_value}, {ids.format} x {ids.dim_value}", node)
     require(np.float32(ctx.c.router_renorm_eps) == KERNEL_RENORM_EPS,
             f"router_renorm_eps {ctx.c.router_renorm_eps}: the kernel divides by (sum + 1e-20)", node)
-    rows = ctx.rows(z)
-    require(ctx.rows(w) == rows and ctx.rows(ids) == rows, f"row counts disagree ({rows} logits rows)", node)
-    inst = KernelInstance("glm_router_topk", HEADER, f"kbp::router_topk<{e}, {k}>",
+    rows = ctx.rows(w)
+    require(ctx.rows(ids) == rows and (not materialized(ctx, z) or ctx.rows(z) == rows),
+            f"row counts disagree ({rows} weight rows)", node)
+    return _TopK(node, z, w, ids, e, k, rows)
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    t = _top_k(ctx, group)
+    routers = [n for n in ctx.nodes(group) if n.op == "router"]
+    require(len(ctx.nodes(group)) == 1 + len(routers) and len(routers) <= 1,
+            f"glm_router_topk has no kernel for the nodes {sorted(n.op for n in ctx.nodes(group))}", group)
+    if routers:
+        return [_fused(ctx, group, routers[0], t)]
+    inst = KernelInstance("glm_router_topk", HEADER, f"kbp::router_topk<{t.experts}, {t.slots}>",
                           ("const float*", "const float*", "float", "float*", "int*"))
-    args = (ctx.buf(z, "const float"), ctx.weight(node, "e_score_correction_bias", "float"),
-            flt(ctx.c.routed_scale), ctx.buf(w, "float"), ctx.buf(ids, "int"))
-    return [Launch(inst, grid=(rows, 1, 1), block=(router_threads(e), 1, 1), smem=0, args=args,
-                   group=group.id, nodes=(node.id,))]
+    args = (ctx.buf(t.logits, "const float"), ctx.weight(t.node, "e_score_correction_bias", "float"),
+            flt(ctx.c.routed_scale), ctx.buf(t.weights, "float"), ctx.buf(t.ids, "int"))
+    return [Launch(inst, grid=(t.rows, 1, 1), block=(router_threads(t.experts), 1, 1), smem=0, args=args,
+                   group=group.id, nodes=(t.node.id,))]
+
+
+def _fused(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK) -> Launch:
+    """router_gemv_topk: the router GEMV of every row and its top-k in one launch."""
+    require(t.logits.src == router.order, f"{t.node.id} does not read {router.id}'s logits", t.node)
+    x = ctx.input(router)
+    h = x.dim_value
+    require(h % 8 == 0 and router.precision.weight == "bf16" and x.format == "bf16",
+            f"the fused router reads BF16 rows of a multiple of 8 (got {x.format} x {h}, weight "
+            f"{router.precision.weight})", router)
+    require(ctx.rows(x) == t.rows, f"row counts disagree ({ctx.rows(x)} input rows, {t.rows} weight rows)", router)
+    scratch, arrive = router_state(t.node, t.rows, t.experts)
+    require(state_buffer(ctx, scratch.name).shape == scratch.shape, f"state {scratch.name} does not hold "
+            f"{t.rows} rows of {t.experts} logits", t.node)
+    logits = ctx.buf(t.logits, "float") if materialized(ctx, t.logits) else ctx.state(scratch.name, "float")
+    inst = fused_instance(h, t.experts, t.slots)
+    opc = fused_outputs_per_cta(t.experts)
+    args = (ctx.weight(router, ctype="__nv_bfloat16"), ctx.buf(x),
+            ctx.weight(t.node, "e_score_correction_bias", "float"), flt(ctx.c.routed_scale), logits, ctx.state(arrive.name, "unsigned int"), ctx.buf(t.weights, "float"),
+            ctx.buf(t.ids, "int"))
+    return Launch(inst, grid=(-(-t.experts // opc), t.rows, 1), block=(64 * opc, 1, 1), smem=0, args=args,
+                  group=group.id, nodes=(router.id, t.node.id))
+
+
+def fused_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """Why router_gemv_topk cannot serve a router + top_k pair (None: it can): the top_k reads the
+    router's FP32 logits, the router is a BF16 x BF16 GEMV of a multiple-of-8 row, and the sizes
+    are within router_topk_row's limits."""
+    router = next(n for n in nodes if n.op == "router")
+    top_k = next(n for n in nodes if n.op == "top_k")
+    logits = [t for t in bp.inputs(top_k.order) if t.format != "i32"]
+    if len(logits) != 1 or logits[0].src != router.order or logits[0].format != "f32":
+        return "the top-k does not read the router's FP32 logits"
+    if (router.precision.weight, router.precision.activation) != ("bf16", "bf16"):
+        return f"the router is {router.precision.weight} x {router.precision.activation}, not a BF16 GEMV"
+    h = bp.inputs(router.order)[0].dim_value
+    if h % 8:
+        return f"router input width {h} is not a multiple of 8"
+    e = logits[0].dim_value
+    k = max((t.dim_value for t in bp.outputs(top_k.order)), default=0)
+    if not (1 <= e <= MAX_EXPERTS and 1 <= k <= min(MAX_SLOTS, e)):
+        return f"{e} experts, top {k}: the top-k takes E <= {MAX_EXPERTS}, K <= {MAX_SLOTS}"
+    return None
