@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kbpc.bundle.container import Bundle, UntrustedError, open_bundle, open_untrusted
 from kbpc.bundle.keyfile import KeyFileError
@@ -75,7 +76,9 @@ UNTRUSTED_WARNING = ("UNTRUSTED: the signer is not in your trusted keyring, so t
 
 def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
     if not s["trusted"]:
-        console.print(f"[bold red]{UNTRUSTED_WARNING}[/]\n  ({s['untrusted_reason']})", highlight=False)
+        # the reason quotes the bundle (untrusted bytes): plain text, never markup
+        console.print(Text(UNTRUSTED_WARNING, style="bold red"), Text(f"\n  ({s['untrusted_reason']})"),
+                      sep="", highlight=False)
     overview = [
         ("bundle", s["path"]), ("schema", s["bundle_schema"]), ("kind", _text(s["kind"])),
         ("blueprint", _text(s["blueprint_id"])),

@@ -381,6 +381,17 @@ def test_inspect_summary(bundle, keys):
     json.dumps(s)  # the --json form
 
 
+def test_untrusted_reason_is_printed_as_text_not_markup(bundle, keys):
+    """The reason an untrusted bundle gives quotes its own bytes: Rich markup in it ("[/]", found by
+    the hostile-input fuzzer with seed 2436156236) is printed literally, never interpreted."""
+    with open_bundle(bundle, Keyring.load(keys.public)) as b:
+        s = summarize_bundle(b)
+    s.update(trusted=False, untrusted_reason="signer [/] [bold]x[/bold] [link=file:///etc]y")
+    console = Console(record=True, width=200)
+    render_bundle_summary(s, console)
+    assert "signer [/] [bold]x[/bold] [link=file:///etc]y" in console.export_text()
+
+
 def test_signing_key_from_the_environment(bundle, keys, tmp_path, monkeypatch):
     """CI: the key comes from KBPC_SIGNING_KEY, as a file path or as the PEM text of a secret."""
     monkeypatch.setenv("CI", "true")
