@@ -113,6 +113,32 @@ def w4a4_slots(name, n, k, slots, shared):
     return Case(f"w4a4_mx_static::moe_slots {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
+def w4a4_slots_launcher(name, n, k, slots, shared):
+    """The step's slot GEMV (w4a4_gemv_moe_slots, its own launch bounds) through the product
+    launcher, on rows quantized once; "moe_slots" above is the same body built at 2 CTAs per SM."""
+    from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS  # noqa: PLC0415
+    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+    inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
+                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
+    wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
+
+    def setup():
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run, rot = launcher(inst), rotations(wb)
+        wc, ws = _dev(slots * rot * n * k // 2), _dev(slots * rot * n * k // 16)
+        sg = to_gpu(np.ones(slots * rot, np.float32))
+        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
+        y = _dev(2 * slots * n)
+
+        def launch(i, stream=None):
+            run((n // 16, slots), (256, 1, 1), ids[i % rot], slots // rows, ac, asc, ag, wc, ws, sg, y, n, pdl=True,
+                sync=False, stream=stream)
+        return launch
+    return Case(f"w4a4_mx_static::moe_slots (step form) {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
+
+
 def w4a4_slots_bf16(name, n, k, slots, shared):
     """The routed slot GEMV quantizing its BF16 row in every CTA (w4a4_gemv_moe_slots_bf16: the
     step's form before 2026-12-01, beside the quantize-once pair the step launches now)."""
@@ -272,6 +298,8 @@ CASES = [
     w4a16_silu("shared expert down", 4096, 2048),
     w4a4_slots("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots("moe down (8 slots)", 4096, 2048, 8, False),
+    w4a4_slots_launcher("moe gate_up (8 slots)", 4096, 4096, 8, True),
+    w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_slots_bf16("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots_bf16("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_quant_swiglu(8, 2048),

@@ -244,6 +244,13 @@ __device__ __forceinline__ void w4a4_finish(float acc, float (*part)[16], float 
     }
 }
 
+// Resident CTAs per SM a one-tile W4A4 GEMV asks the register allocator for (MIN_CTAS of the
+// __global__ entries): it streams at the rate of the weight bytes in flight per SM (H200, MoE gate_up
+// 8 x 4096x4096: 26.5 us at 3 CTAs per SM with 79 registers). Four CTAs fit in 64 registers without
+// spills while a lane holds at most four chunks (K <= 4096); wider rows keep two.
+template <int K>
+constexpr int w4a4_min_ctas() { return (K / 128 + 7) / 8 <= 4 ? 4 : 2; }
+
 template <int K>
 __device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* __restrict__ a_codes,
                                                  const uint8_t* __restrict__ a_scales,
@@ -260,8 +267,8 @@ __device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* __restrict__ a_code
     w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g), w_gscale), y + n0, warp, lane);
 }
 
-template <int K>
-__global__ void __launch_bounds__(256, 2) w4a4_gemv(const uint8_t* __restrict__ a_codes,
+template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>
+__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv(const uint8_t* __restrict__ a_codes,
                                                  const uint8_t* __restrict__ a_scales,
                                                  const float* __restrict__ a_g,
                                                  const uint8_t* __restrict__ w_codes,

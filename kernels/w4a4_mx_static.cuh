@@ -71,8 +71,8 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
     w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
 }
 
-template <int K>
-__global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots(
+template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>   // (w4a4_mx.cuh)
+__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
     const int* __restrict__ ids, int act_div, const uint8_t* __restrict__ a_codes,
     const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
     const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
