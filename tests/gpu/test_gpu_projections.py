@@ -68,11 +68,6 @@ def assert_bf16_close(got_bits, want, what, frac_equal):
     assert eq >= frac_equal, f"{what}: only {eq:.5f} identical"
 
 
-def _module(src: str, name: str):
-    """A test-only module of hand-written wrappers (the modules that still load one)."""
-    return _gpu().load_module("#include <cuda_bf16.h>\n" + src, name)
-
-
 def seg_table(segs, record) -> np.ndarray:
     """Pack device segment tables (W4A16Seg / WxaySeg: 32 bytes each) from tuples of fields."""
     dt = np.dtype(record)
@@ -136,7 +131,7 @@ def test_w4a16_gemv(n, k):
     x = bf16_input((k,))
     y = g.poisoned((n,), np.uint16)
     launcher(ki.w4a16(k))(((n + 15) // 16, 1, 1), BLOCK, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
-         g.to_gpu(bf16_bits(x)), y, np.int32(n))
+                          g.to_gpu(bf16_bits(x)), y, np.int32(n))
     assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0], "w4a16_gemv")
 
 
@@ -172,7 +167,7 @@ def test_w4a16_silu_input(n, k):
     gate, up = bf16_input((k,), 2.0), bf16_input((k,))
     y = g.poisoned((n,), np.uint16)
     launcher(ki.w4a16_silu_input(k))(((n + 15) // 16, 1, 1), BLOCK, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
-         g.to_gpu(bf16_bits(gate)), g.to_gpu(bf16_bits(up)), y, np.int32(n))
+                                     g.to_gpu(bf16_bits(gate)), g.to_gpu(bf16_bits(up)), y, np.int32(n))
     want = ref_w4a16.w4a16_gemv_silu_input(gate, up, packed, scales, sg)
     assert_bf16_close(g.fetch(y)[None], want, "w4a16 silu input", 0.99)
 
@@ -222,7 +217,7 @@ def test_w4a4_gemv(n, k):
     c, s, a = _quant_rows(g, x)
     y = g.poisoned((n,), np.uint16)
     launcher(ki.w4a4_gemv(k))((n // 16, 1, 1), BLOCK, c, s, a, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg), y,
-         np.int32(n))
+                              np.int32(n))
     assert_bf16_equal(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], "w4a4_gemv")
 
 
@@ -240,7 +235,7 @@ def test_w4a4_moe_slots(n, k, experts, top_k, shared):
     c, s, a = _quant_rows(g, x, gamma)
     y = g.poisoned((top_k, n), np.uint16)
     launcher(ki.w4a4_moe_slots(k))((n // 16, top_k, 1), BLOCK, g.to_gpu(ids), np.int32(top_k if shared else 1), c, s, a,
-         g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
+                                   g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
     xin = x[0] if shared else x
     want = ref_w4a4s.w4a4_static_moe_slots(xin, gamma, wp, ws, wg, ids)
     assert_bf16_equal(g.fetch(y), want, "w4a4 moe slots")
@@ -259,7 +254,7 @@ def test_wxay_rowscale(n, k):
     ac, asc = quantize_fp8(bf16_input((1, k)), axis=-1)
     y = g.poisoned((n,), np.uint16)
     launcher(ki.wxay_rowscale(k))((n // 16, 1, 1), BLOCK, g.to_gpu(ac), g.to_gpu(asc), g.to_gpu(wc), g.to_gpu(wsc), y,
-         np.int32(n))
+                                  np.int32(n))
     assert_bf16_close(g.fetch(y)[None], ref_wxay.wxay_rowscale(ac, asc, wc, wsc), "wxay", 0.999)
 
 
@@ -272,8 +267,8 @@ def test_wxay_split(k, ns):
     ys = [g.poisoned((n,), np.uint16) for n in ns]
     table = seg_table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), n, 0) for (c, s), y, n in zip(dev, ys, ns)],
                       WXAY_SEG)
-    launcher(ki.wxay_split(k))((sum(n // 16 for n in ns), 1, 1), BLOCK, g.to_gpu(table), np.int32(len(ns)), g.to_gpu(ac),
-         g.to_gpu(asc))
+    launcher(ki.wxay_split(k))((sum(n // 16 for n in ns), 1, 1), BLOCK, g.to_gpu(table), np.int32(len(ns)),
+                               g.to_gpu(ac), g.to_gpu(asc))
     for i, (y, want) in enumerate(zip(ys, ref_wxay.wxay_split(ac, asc, weights))):
         assert_bf16_close(g.fetch(y, f"split {i}")[None], want, f"split {i}", 0.999)
 
