@@ -22,7 +22,7 @@ from kbpc.toolchain.nvcc import compile_cuda
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
-MODULES = ["test_gpu_projections", "test_gpu_w4a16_mma", "test_gpu_gemv_split", "test_gpu_glue_projections", "test_gpu_norms", "test_gpu_dsa_lowering_forms"]
+MODULES = ["test_gpu_projections", "test_gpu_w4a16_mma", "test_gpu_gemv_split", "test_gpu_glue_projections", "test_gpu_norms", "test_gpu_dsa_lowering_forms", "test_gpu_kda"]
 
 
 def _instances(module: str) -> list[KernelInstance]:
