@@ -1,5 +1,5 @@
-"""Every kernel instance the GPU tests launch through the product's launchers builds for sm_90 (no
-GPU needed). Each tests/gpu module below lists its instances (`instances()`); they are rendered
+"""Every kernel instance the GPU tests launch through the product's launchers builds for sm_90 (and
+the way the test builds it; no GPU needed). Each tests/gpu module below lists its instances (`instances()`); they are rendered
 with the product's kernel-instance template, one translation unit per module, each followed by a
 compile-time check that the instance's parameter types are exactly the kernel's: the launcher
 converts every argument to those types, and cudaLaunchKernelEx would silently convert a value of
@@ -22,7 +22,12 @@ from kbpc.toolchain.nvcc import compile_cuda
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
-MODULES = ["test_gpu_projections", "test_gpu_w4a16_mma", "test_gpu_gemv_split", "test_gpu_glue_projections", "test_gpu_norms", "test_gpu_dsa_lowering_forms", "test_gpu_kda"]
+MODULES = ["test_gpu_projections", "test_gpu_w4a16_mma", "test_gpu_gemv_split", "test_gpu_glue_projections",
+           "test_gpu_norms", "test_gpu_dsa_lowering_forms", "test_gpu_kda", "test_gpu_misc"]
+# Modules whose tests also launch the headers' fast-math build (-DKBP_FAST_MATH) and whose kernels
+# were compile-tested for sm_121 as well (their former wrappers were): built those ways too.
+ALSO = {"test_gpu_misc": (("sm_90", ("-DKBP_FAST_MATH",)), ("sm_121", ()))}
+BUILDS = [(m, "sm_90", ()) for m in MODULES] + [(m, t, f) for m, ways in ALSO.items() for t, f in ways]
 
 
 def _instances(module: str) -> list[KernelInstance]:
@@ -53,10 +58,10 @@ def test_signature_check_catches_a_wrong_type(tmp_path):
         compile_cuda(src, tmp_path / "bad.o", get_target("sm_90"), kind="obj")
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_gpu_test_instances_build(module, tmp_path):
+@pytest.mark.parametrize("module,target,flags", BUILDS)
+def test_gpu_test_instances_build(module, target, flags, tmp_path):
     insts = _instances(module)
     assert insts, f"{module} lists no instances"
     src = tmp_path / f"{module}.cu"
     src.write_text(checked_source(insts))
-    compile_cuda(src, tmp_path / f"{module}.o", get_target("sm_90"), kind="obj")
+    compile_cuda(src, tmp_path / f"{module}.o", get_target(target), kind="obj", extra_flags=flags)
