@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from kbpc.codegen.families import (glm_mhc, glm_moe_combine, glm_swiglu_clamp, embed_copy,
-                                    glm_mla_latent_write, w4a4_mx, w4a4_mx_static, w4a16_gemv, w8a8_act_quant,
-                                    wxay)
+from kbpc.codegen.families import (embed_copy, glm_mhc, glm_mla_latent_write, glm_moe_combine,
+                                    glm_swiglu_clamp, w4a4_mx, w4a4_mx_static, w4a16_gemv, w8a8_act_quant, wxay)
 from kbpc.codegen.records import KernelInstance
 
 BF = "__nv_bfloat16"
