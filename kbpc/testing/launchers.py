@@ -100,15 +100,17 @@ class Launcher:
 
 
 @lru_cache(maxsize=None)
-def launcher(inst: KernelInstance, target: str = "sm_90") -> Launcher:
-    """Compile (cached by content: source, target, every kernels/ header) and load the launcher."""
+def launcher(inst: KernelInstance, target: str = "sm_90", flags: tuple[str, ...] = ()) -> Launcher:
+    """Compile (cached by content: source, target, flags, every kernels/ header) and load the
+    launcher. flags: extra nvcc flags beyond the product's, e.g. -DKBP_FAST_MATH for a test of the
+    headers' fast-math build."""
     _cuda()
     source = render_instance(inst)
-    key = hashlib.sha256(f"{source}\0{target}\0{headers_digest()}".encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join((source, target, *flags, headers_digest())).encode()).hexdigest()[:20]
     lib = _CACHE_DIR / f"launch-{inst.name[:40]}-{key}.so"
     if not lib.exists():
         src = lib.with_suffix(".cu")
         src.parent.mkdir(parents=True, exist_ok=True)
         src.write_text(source)
-        compile_cuda(src, lib, get_target(target), kind="shared")
+        compile_cuda(src, lib, get_target(target), kind="shared", extra_flags=flags)
     return Launcher(inst, lib)

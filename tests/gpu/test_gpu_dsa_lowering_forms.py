@@ -1,5 +1,5 @@
 """GPU tests of the paged latent write the code generation launches (slot looked up from the device
-position through the block table).
+position through the block table), through the product's launcher with the lowering's instance.
 
 Tolerance: the paged write stores the same codes as glm_mla_latent_write_fp8 at the slot the
 block table gives (the codes between those of r(1 -+ 2^-21), a bound that also holds for CUDA's
@@ -11,23 +11,19 @@ import pytest
 
 from kbpc.reference.formats import bf16_bits, e4m3_decode, e4m3_encode, to_bf16
 from kbpc.reference.glm_mla_latent_write import LatentCacheLayout, latent_values
-from kbpc.testing.gpu import fetch, load_module, poisoned, to_gpu
+from kbpc.testing.gpu import fetch, poisoned, to_gpu
+from kbpc.testing.instances import latent_write_paged
+from kbpc.testing.launchers import launcher
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
 EPS = 1e-5
-
-SOURCE = r"""
-#include "glm_mla_latent_write.cuh"
-using namespace kbp;
-extern "C" __global__ void __launch_bounds__({E}) t_paged(const __nv_bfloat16* c, const __nv_bfloat16* g,
-    const int32_t* bt, int page, const int32_t* pos, float s_k, float eps, uint8_t* cache) {{
-  glm_mla_latent_write_fp8_paged_body<{E}>(c, g, bt, page, pos, s_k, eps, cache); }}
-"""
+E = 512   # latent width: the seed's
 
 
-def _module(E=512):
-    return load_module(SOURCE.format(E=E), f"dsa_forms_e{E}")
+def instances():
+    """Every kernel instance this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    return [latent_write_paged(E)]
 
 
 def _i32(*v):
@@ -37,16 +33,15 @@ def _i32(*v):
 @pytest.mark.parametrize("rows,pos", [(1, 0), (1, 63), (1, 64 * 3 + 5), (3, 126)])
 def test_paged_latent_write(rows, pos):
     rng = np.random.default_rng()
-    mod = _module()
-    page, e = 64, 512
+    page, e = 64, E
     layout = LatentCacheLayout(num_pages=6, page_size=page, latent_dim=e)
     table = rng.permutation(layout.num_pages).astype(np.int32)   # not the identity
     c = to_bf16(rng.normal(0, rng.uniform(0.1, 30), (rows, e)).astype(F32))
     gamma = to_bf16(rng.uniform(-2, 2, e).astype(F32))
     s_k = F32(rng.choice([1.0, 0.37, 4.0]))
     cache = poisoned(layout.shape, np.uint8)
-    mod.get_function("t_paged")(to_gpu(bf16_bits(c)), to_gpu(bf16_bits(gamma)), to_gpu(table), np.int32(page),
-                                _i32(pos), s_k, F32(EPS), cache.gpudata, block=(e, 1, 1), grid=(rows, 1))
+    launcher(latent_write_paged(e))((rows, 1, 1), (e, 1, 1), to_gpu(bf16_bits(c)), to_gpu(bf16_bits(gamma)),
+                                    to_gpu(table), np.int32(page), _i32(pos), s_k, F32(EPS), cache)
     got = fetch(cache, allow_nan=True).reshape(-1, e)
     slots = [layout.slot(table, pos + r) for r in range(rows)]
     untouched = np.ones(got.shape[0], bool)

@@ -1,5 +1,8 @@
 """GPU tests of the KDA kernels (kda_pack, causal_conv1d_l2norm, kda_gates_w8a8, kda_recurrent,
-kda_o_norm) against the numpy reference, on fresh random inputs each run, with poisoned outputs.
+kda_o_norm) against the numpy reference, on fresh random inputs each run, with poisoned outputs,
+through the product's launchers with the lowerings' instances (kbpc.testing.instances; the conv's
+FP32 output, the recurrence over several tokens with snapshots and the gates over several rows
+are the same templates at other arguments).
 
 Tolerances (why each is what it is; everything else is bit-exact):
 - kda_pack, the conv window, residual/state copies: pure copies, bit-exact.
@@ -22,66 +25,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families.kda_gates_w8a8 import gate_blocks
+from kbpc.codegen.families.kda_pack import pack_blocks
 from kbpc.reference import causal_conv1d_l2norm as ref_conv
 from kbpc.reference import kda_gates_w8a8 as ref_gates
 from kbpc.reference import kda_o_norm as ref_onorm
 from kbpc.reference import kda_pack as ref_pack
 from kbpc.reference import kda_recurrent as ref_rec
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_encode, quantize_fp8, to_bf16
+from kbpc.testing import instances as ki
 from kbpc.testing.compare import (
     assert_bf16_within, assert_f32_close, assert_f32_exact, bf16_ulp_distance,
 )
+from kbpc.testing.launchers import launcher
 
 F32 = np.float32
-BF = "__nv_bfloat16"
-
-
-# ---------------------------------------------------------------- CUDA sources (host side, CPU-tested)
-
-def pack_source(nq: int, nk: int, nv: int, threads: int = 256) -> str:
-    return (f'#include "kda_pack.cuh"\nextern "C" __global__ void __launch_bounds__({threads})\n'
-            f'kda_pack(const {BF}* q, const {BF}* k, const {BF}* v, int qs, int ks, int vs, {BF}* o, int os) {{\n'
-            f'    kbp::kda_pack_qkv_bf16_dev<{nq}, {nk}, {nv}, {threads}>(q, k, v, qs, ks, vs, o, os);\n}}\n')
-
-
-def conv_source(c: int, c_qk: int, dk: int, w: int, threads: int, out: str) -> str:
-    ot = BF if out == "bf16" else "float"
-    return (f'#include "causal_conv1d_l2norm.cuh"\nextern "C" __global__ void __launch_bounds__({threads})\n'
-            f'conv_{out}(const {BF}* x, int xs, float* win, long ws, const {BF}* taps, const {BF}* bias,\n'
-            f'           float eps, {ot}* y, int ys) {{\n'
-            f'    kbp::causal_conv1d_update_l2norm_dev<{c}, {c_qk}, {dk}, {w}, {threads}, {ot}>(\n'
-            f'        x, xs, win, ws, taps, bias, eps, y, ys);\n}}\n')
-
-
-def recurrent_source(hk: int, hv: int, dk: int, dv: int, cols: int, t: int) -> str:
-    return (f'#include "kda_recurrent.cuh"\nextern "C" __global__ void __launch_bounds__({cols})\n'
-            f'kda_rec(const {BF}* q, const {BF}* k, const {BF}* v, int qkvs, const float* g, int gs,\n'
-            f'        const float* beta, int bs, float scale, float* state, long ss, float* snap,\n'
-            f'        float* out, int os) {{\n'
-            f'    kbp::kda_recurrent_decode_bf16_seq_reg_dev<{hk}, {hv}, {dk}, {dv}, {cols}, {t}>(\n'
-            f'        q, k, v, qkvs, g, gs, beta, bs, scale, state, ss, snap, out, os);\n}}\n')
-
-
-def onorm_source(h: int, d: int) -> str:
-    return (f'#include "kda_o_norm.cuh"\nextern "C" __global__ void __launch_bounds__({d})\n'
-            f'kda_onorm(const float* o, int os, const {BF}* z, int zs, const {BF}* w, int whs, float eps,\n'
-            f'          {BF}* y, int ys) {{\n'
-            f'    kbp::kda_o_norm_gated_bf16_dev<{h}, {d}>(o, os, z, zs, w, whs, eps, y, ys);\n}}\n')
-
-
-def gates_source(n: int, k: int, dk: int, warps: int) -> str:
-    return (f'#include "kda_gates_w8a8.cuh"\nextern "C" __global__ void __launch_bounds__({warps * 32})\n'
-            f'kda_gates(const {BF}* xf, const {BF}* xg, int xs, int m, const unsigned char* wf,\n'
-            f'          const float* swf, const unsigned char* wg, const float* swg, const float* a_log,\n'
-            f'          const float* dt_bias, float lam, const {BF}* b, int bs, float* decay, int ds,\n'
-            f'          {BF}* og, int ogs, float* beta, int betas, {BF}* f, int fs) {{\n'
-            f'    kbp::kda_gates_w8a8_k128_rows_dev<{n}, {k}, {dk}, {warps}>(xf, xg, xs, m, wf, swf, wg, swg,\n'
-            f'        a_log, dt_bias, lam, b, bs, decay, ds, og, ogs, beta, betas, f, fs);\n}}\n')
-
-
-def gates_blocks(n: int, warps: int) -> int:
-    """kbp::kda_gates_blocks<N, WARPS>(): 16-row tiles, WARPS per block, per segment."""
-    return -(-(n // 16) // warps)
+OUT_TYPES = {"bf16": ki.BF, "f32": "float"}   # the conv's output C type
 
 
 def bf16_rand(rng, shape, std=1.0):
@@ -112,11 +71,11 @@ def integer_gate_inputs(rng, m: int, k: int):
 
 # ---------------------------------------------------------------- CPU checks of the host side
 
-def test_sources_name_the_instantiation():
-    assert "kda_pack_qkv_bf16_dev<40, 40, 24, 256>" in pack_source(40, 40, 24)
-    assert "<576, 384, 64, 3, 256, float>" in conv_source(576, 384, 64, 3, 256, "f32")
-    assert "__launch_bounds__(32)" in recurrent_source(1, 2, 64, 96, 32, 3)
-    assert gates_blocks(8192, 4) == 128 and gates_blocks(48, 4) == 1
+def test_instances_name_the_instantiation():
+    assert ki.kda_pack(40, 40, 24).kernel == "kbp::kda_pack_qkv_bf16<40, 40, 24, 256>"
+    assert ki.causal_conv(576, 384, 64, 3, 256, OUT_TYPES["f32"]).kernel.endswith("<576, 384, 64, 3, 256, float>")
+    assert ki.kda_recurrent(1, 2, 64, 96, 32, 3).kernel.endswith("<1, 2, 64, 96, 32, 3>")   # 32 columns a block
+    assert gate_blocks(8192, 4) == 128 and gate_blocks(48, 4) == 1
 
 
 def test_integer_gate_inputs_quantize_exactly():
@@ -148,22 +107,19 @@ def _ptr(arr, offset_elems: int = 0):
     return np.uintp(int(arr.gpudata) + offset_elems * arr.dtype.itemsize)
 
 
-NULL = np.uintp(0)
+PACK_SHAPES = [(8192, 8192, 8192, 1), (40, 40, 24, 3), (6, 6, 10, 2), (3, 5, 7, 4)]   # (nq, nk, nv, rows)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nq,nk,nv,rows", [(8192, 8192, 8192, 1), (40, 40, 24, 3), (6, 6, 10, 2),
-                                           (3, 5, 7, 4)])
+@pytest.mark.parametrize("nq,nk,nv,rows", PACK_SHAPES)
 def test_kda_pack(nq, nk, nv, rows):
     g = _gpu()
     rng = np.random.default_rng()
     q, k, v = (bf16_rand(rng, (rows, n))[1] for n in (nq, nk, nv))
-    fn = g.load_module(pack_source(nq, nk, nv), "kda_pack").get_function("kda_pack")
     out = g.poisoned((rows, nq + nk + nv), np.uint16)
-    vec = 8 if nq % 8 == nk % 8 == nv % 8 == 0 else 2 if nq % 2 == nk % 2 == nv % 2 == 0 else 1
-    blocks = -(-((nq + nk + nv) // vec) // 256)
-    fn(g.to_gpu(q), g.to_gpu(k), g.to_gpu(v), np.int32(nq), np.int32(nk), np.int32(nv), out.gpudata,
-       np.int32(nq + nk + nv), block=(256, 1, 1), grid=(blocks, rows))
+    launcher(ki.kda_pack(nq, nk, nv))((pack_blocks(nq, nk, nv), rows, 1), (256, 1, 1), g.to_gpu(q), g.to_gpu(k),
+                                      g.to_gpu(v), np.int32(nq), np.int32(nk), np.int32(nv), out,
+                                      np.int32(nq + nk + nv))
     np.testing.assert_array_equal(g.fetch(out, "packed"), ref_pack.kda_pack(q, k, v))
 
 
@@ -191,12 +147,11 @@ def test_causal_conv1d_l2norm(heads, dk, w, threads, rows, out, with_bias):
     rng = np.random.default_rng()
     eps = 1e-6
     c_qk, c, x, xb, window, taps, tb, bias, bb = _conv_case(rng, heads, dk, w, rows, with_bias)
-    fn = g.load_module(conv_source(c, c_qk, dk, w, threads, out), "kda_conv").get_function(f"conv_{out}")
     win_gpu = g.to_gpu(window)
     y = g.poisoned((rows, c), np.uint16 if out == "bf16" else np.float32)
-    fn(g.to_gpu(xb), np.int32(c), win_gpu.gpudata, np.int64(c * w), g.to_gpu(tb),
-       g.to_gpu(bb).gpudata if with_bias else NULL, np.float32(eps), y.gpudata, np.int32(c),
-       block=(threads, 1, 1), grid=(-(-c // threads), rows))
+    launcher(ki.causal_conv(c, c_qk, dk, w, threads, OUT_TYPES[out]))(
+        (-(-c // threads), rows, 1), (threads, 1, 1), g.to_gpu(xb), np.int32(c), win_gpu, np.int64(c * w),
+        g.to_gpu(tb), g.to_gpu(bb) if with_bias else None, np.float32(eps), y, np.int32(c))
     y_ref, win_ref = ref_conv.causal_conv1d_update_l2norm(x, window, taps, bias, c_qk=c_qk, d_k=dk,
                                                           eps=eps, out=out)
     assert_f32_exact(g.fetch(win_gpu, "window"), win_ref, "window")
@@ -225,17 +180,17 @@ def _rec_inputs(rng, hk, hv, dk, dv, rows, zero_decay):
     return q, k, v, gdec, beta, bf16_bits(qkv)
 
 
-def _run_recurrent(g, fn, shape, qkv_gpu, gdec, beta, state_gpu, seqs):
+def _run_recurrent(g, shape, qkv_gpu, gdec, beta, state_gpu, seqs):
     hk, hv, dk, dv, cols, t = shape
     scale = ref_rec.query_scale(dk)
     width = 2 * hk * dk + hv * dv
     out = g.poisoned((seqs * t, hv * dv), np.float32)
     snap = g.poisoned((seqs, t - 1, hv, dk, dv), np.float32) if t > 1 else None
-    fn(_ptr(qkv_gpu), _ptr(qkv_gpu, hk * dk), _ptr(qkv_gpu, 2 * hk * dk), np.int32(width),
-       g.to_gpu(gdec.reshape(seqs * t, -1)), np.int32(hv * dk), g.to_gpu(beta.reshape(seqs * t, -1)),
-       np.int32(hv), np.float32(scale), state_gpu.gpudata, np.int64(hv * dk * dv),
-       snap.gpudata if snap is not None else NULL, out.gpudata, np.int32(hv * dv),
-       block=(cols, 1, 1), grid=(hv, dv // cols, seqs))
+    launcher(ki.kda_recurrent(*shape))((hv, dv // cols, seqs), (cols, 1, 1), _ptr(qkv_gpu), _ptr(qkv_gpu, hk * dk),
+                                       _ptr(qkv_gpu, 2 * hk * dk), np.int32(width),
+                                       g.to_gpu(gdec.reshape(seqs * t, -1)), np.int32(hv * dk),
+                                       g.to_gpu(beta.reshape(seqs * t, -1)), np.int32(hv), np.float32(scale),
+                                       state_gpu, np.int64(hv * dk * dv), snap, out, np.int32(hv * dv))
     return out, snap
 
 
@@ -255,10 +210,8 @@ def test_kda_recurrent(hk, hv, dk, dv, cols, t, seqs, zero_decay):
     rows = seqs * t
     q, k, v, gdec, beta, qkv = _rec_inputs(rng, hk, hv, dk, dv, rows, zero_decay)
     state0 = rng.standard_normal((seqs, hv, dk, dv)).astype(F32)
-    fn = g.load_module(recurrent_source(hk, hv, dk, dv, cols, t), "kda_rec").get_function("kda_rec")
     state_gpu = g.to_gpu(state0)
-    out, snap = _run_recurrent(g, fn, (hk, hv, dk, dv, cols, t), g.to_gpu(qkv), gdec, beta, state_gpu,
-                               seqs)
+    out, snap = _run_recurrent(g, (hk, hv, dk, dv, cols, t), g.to_gpu(qkv), gdec, beta, state_gpu, seqs)
     got_out = g.fetch(out, "out").reshape(seqs, t, hv, dv)
     got_state = g.fetch(state_gpu, "state")
     got_snap = g.fetch(snap, "snapshots") if snap is not None else None
@@ -271,8 +224,11 @@ def test_kda_recurrent(hk, hv, dk, dv, cols, t, seqs, zero_decay):
             _check_state(got_snap[s], states[:-1], zero_decay, "snapshots")
 
 
+ONORM_SHAPES = [(64, 128, 1, False), (3, 64, 5, True)]   # (h, d, rows, per-head gamma)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("h,d,rows,per_head_gamma", [(64, 128, 1, False), (3, 64, 5, True)])
+@pytest.mark.parametrize("h,d,rows,per_head_gamma", ONORM_SHAPES)
 def test_kda_o_norm(h, d, rows, per_head_gamma):
     g = _gpu()
     rng = np.random.default_rng()
@@ -280,11 +236,10 @@ def test_kda_o_norm(h, d, rows, per_head_gamma):
     o = (rng.standard_normal((rows, h * d)) * rng.uniform(0.01, 10.0)).astype(F32)
     z, zb = bf16_rand(rng, (rows, h * d), 2.0)
     gamma, gb = bf16_rand(rng, (h, d) if per_head_gamma else (d,))
-    fn = g.load_module(onorm_source(h, d), "kda_onorm").get_function("kda_onorm")
     y = g.poisoned((rows, h * d), np.uint16)
-    fn(g.to_gpu(o), np.int32(h * d), g.to_gpu(zb), np.int32(h * d), g.to_gpu(gb),
-       np.int32(d if per_head_gamma else 0), np.float32(eps), y.gpudata, np.int32(h * d),
-       block=(d, 1, 1), grid=(h, rows))
+    launcher(ki.kda_o_norm(h, d))((h, rows, 1), (d, 1, 1), g.to_gpu(o), np.int32(h * d), g.to_gpu(zb), np.int32(h * d),
+                                  g.to_gpu(gb), np.int32(d if per_head_gamma else 0), np.float32(eps), y,
+                                  np.int32(h * d))
     assert_bf16_within(g.fetch(y, "y"), ref_onorm.kda_o_norm(o, z, gamma, eps, d), 1, "y")
 
 
@@ -307,14 +262,14 @@ def _gate_weights(rng, n, k, integer):
 def _run_gates(g, shape, xf, xg, b, wf, wg, a_log, delta, lam):
     n, k, dk, warps, m = shape
     h = n // dk
-    fn = g.load_module(gates_source(n, k, dk, warps), "kda_gates").get_function("kda_gates")
     decay, og = g.poisoned((m, n), np.float32), g.poisoned((m, n), np.uint16)
     beta, f = g.poisoned((m, h), np.float32), g.poisoned((m, n), np.uint16)
-    fn(g.to_gpu(bf16_bits(xf)), g.to_gpu(bf16_bits(xg)), np.int32(k), np.int32(m), g.to_gpu(wf[0]),
-       g.to_gpu(wf[1]), g.to_gpu(wg[0]), g.to_gpu(wg[1]), g.to_gpu(a_log), g.to_gpu(delta),
-       np.float32(lam), g.to_gpu(bf16_bits(b)), np.int32(h), decay.gpudata, np.int32(n), og.gpudata,
-       np.int32(n), beta.gpudata, np.int32(h), f.gpudata, np.int32(n),
-       block=(32 * warps, 1, 1), grid=(2 * gates_blocks(n, warps), 1))
+    launcher(ki.kda_gates(n, k, dk, warps))((2 * gate_blocks(n, warps), 1, 1), (32 * warps, 1, 1),
+                                            g.to_gpu(bf16_bits(xf)), g.to_gpu(bf16_bits(xg)), np.int32(k), np.int32(m),
+                                            g.to_gpu(wf[0]), g.to_gpu(wf[1]), g.to_gpu(wg[0]), g.to_gpu(wg[1]),
+                                            g.to_gpu(a_log), g.to_gpu(delta), np.float32(lam), g.to_gpu(bf16_bits(b)),
+                                            np.int32(h), decay, np.int32(n), og, np.int32(n), beta, np.int32(h), f,
+                                            np.int32(n))
     return (g.fetch(f, "f"), g.fetch(og, "o_g"), g.fetch(decay, "decay"), g.fetch(beta, "beta"))
 
 
@@ -363,10 +318,28 @@ SEQ_SHAPES = [  # (heads, d_k, conv width, sequences, steps)
 ]
 
 
-def chain_source(heads: int, dk: int, w: int) -> str:
+def chain_instances(heads: int, dk: int, w: int) -> tuple:
+    """pack, conv and o_norm of one KDA layer of `heads` heads of d_k = d_v = dk (the recurrence:
+    chain_recurrence)."""
     n = heads * dk
-    return "\n".join([pack_source(n, n, n), conv_source(3 * n, 2 * n, dk, w, 256, "bf16"),
-                      recurrent_source(heads, heads, dk, dk, 32, 1), onorm_source(heads, dk)])
+    return ki.kda_pack(n, n, n), ki.causal_conv(3 * n, 2 * n, dk, w, 256), ki.kda_o_norm(heads, dk)
+
+
+def chain_recurrence(heads: int, dk: int) -> tuple:
+    """(hk, hv, dk, dv, cols, tokens) of the chain's recurrence: one token, one warp per block."""
+    return heads, heads, dk, dk, 32, 1
+
+
+def instances():
+    """Every kernel instance this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    out = [ki.kda_pack(nq, nk, nv) for nq, nk, nv, _ in PACK_SHAPES]
+    out += [ki.causal_conv(3 * h * dk, 2 * h * dk, dk, w, threads, ot) for h, dk, w, threads, _ in CONV_SHAPES
+            for ot in OUT_TYPES.values()]
+    out += [ki.kda_recurrent(*shape[:6]) for shape in REC_SHAPES]
+    out += [ki.kda_o_norm(h, d) for h, d, *_ in ONORM_SHAPES] + [ki.kda_gates(*shape[:4]) for shape in GATE_SHAPES]
+    for heads, dk, w, *_ in SEQ_SHAPES:
+        out += [*chain_instances(heads, dk, w), ki.kda_recurrent(*chain_recurrence(heads, dk))]
+    return out
 
 
 @pytest.mark.gpu
@@ -380,9 +353,7 @@ def test_kda_many_tokens(heads, dk, w, seqs, steps, zero_decay):
     g = _gpu()
     rng = np.random.default_rng()
     n, eps = heads * dk, 1e-6
-    mod = g.load_module(chain_source(heads, dk, w), "kda_chain")
-    pack, conv = mod.get_function("kda_pack"), mod.get_function("conv_bf16")
-    rec, onorm = mod.get_function("kda_rec"), mod.get_function("kda_onorm")
+    pack, conv, onorm = (launcher(i) for i in chain_instances(heads, dk, w))
     taps, tb = bf16_rand(rng, (3 * n, w), 0.5)
     bias, bb = bf16_rand(rng, (3 * n,), 0.1)
     gamma, gb = bf16_rand(rng, (dk,))
@@ -393,11 +364,11 @@ def test_kda_many_tokens(heads, dk, w, seqs, steps, zero_decay):
     for step in range(steps):
         (qv, qb), (kv, kb), (vv, vb) = (bf16_rand(rng, (seqs, n)) for _ in range(3))
         packed = g.poisoned((seqs, 3 * n), np.uint16)
-        pack(g.to_gpu(qb), g.to_gpu(kb), g.to_gpu(vb), np.int32(n), np.int32(n), np.int32(n),
-             packed.gpudata, np.int32(3 * n), block=(256, 1, 1), grid=(-(-3 * n // 8 // 256), seqs))
+        pack((pack_blocks(n, n, n), seqs, 1), (256, 1, 1), g.to_gpu(qb), g.to_gpu(kb), g.to_gpu(vb), np.int32(n),
+             np.int32(n), np.int32(n), packed, np.int32(3 * n))
         y = g.poisoned((seqs, 3 * n), np.uint16)
-        conv(packed.gpudata, np.int32(3 * n), win_gpu.gpudata, np.int64(3 * n * w), taps_gpu, bias_gpu,
-             np.float32(eps), y.gpudata, np.int32(3 * n), block=(256, 1, 1), grid=(-(-3 * n // 256), seqs))
+        conv((-(-3 * n // 256), seqs, 1), (256, 1, 1), packed, np.int32(3 * n), win_gpu, np.int64(3 * n * w),
+             taps_gpu, bias_gpu, np.float32(eps), y, np.int32(3 * n))
         x_ref = ref_pack.kda_pack(qv, kv, vv)
         np.testing.assert_array_equal(g.fetch(packed, "packed"), bf16_bits(x_ref))
         y_ref, window = ref_conv.causal_conv1d_update_l2norm(x_ref, window, taps, bias, c_qk=2 * n,
@@ -410,7 +381,7 @@ def test_kda_many_tokens(heads, dk, w, seqs, steps, zero_decay):
         gdec = (np.zeros((seqs, heads, dk), F32) if zero_decay
                 else rng.uniform(-1.0, 0.0, (seqs, heads, dk)).astype(F32))
         beta = rng.uniform(0.0, 1.0, (seqs, heads)).astype(F32)
-        out, _ = _run_recurrent(g, rec, (heads, heads, dk, dk, 32, 1), y, gdec, beta, state_gpu, seqs)
+        out, _ = _run_recurrent(g, chain_recurrence(heads, dk), y, gdec, beta, state_gpu, seqs)
         o_ref, state = ref_rec.kda_step(state, yv[:, :n].reshape(seqs, heads, dk),
                                         yv[:, n:2 * n].reshape(seqs, heads, dk),
                                         yv[:, 2 * n:].reshape(seqs, heads, dk), gdec, beta)
@@ -420,7 +391,7 @@ def test_kda_many_tokens(heads, dk, w, seqs, steps, zero_decay):
 
         z, zb = bf16_rand(rng, (seqs, n))
         gated = g.poisoned((seqs, n), np.uint16)
-        onorm(out.gpudata, np.int32(n), g.to_gpu(zb), np.int32(n), gamma_gpu, np.int32(0),
-              np.float32(eps), gated.gpudata, np.int32(n), block=(dk, 1, 1), grid=(heads, seqs))
+        onorm((heads, seqs, 1), (dk, 1, 1), out, np.int32(n), g.to_gpu(zb), np.int32(n), gamma_gpu, np.int32(0),
+              np.float32(eps), gated, np.int32(n))
         assert_bf16_within(g.fetch(gated, "gated"), ref_onorm.kda_o_norm(o_gpu, z, gamma, eps, dk), 1,
                            f"o_norm at step {step}")

@@ -1,5 +1,7 @@
 """GPU tests of the MoE glue and embedding kernels against kbpc.reference: glm_router_topk,
-glm_swiglu_clamp, glm_moe_combine, embed_copy (glm_mhc: test_gpu_misc_mhc.py).
+glm_swiglu_clamp, glm_moe_combine, embed_copy (glm_mhc: test_gpu_misc_mhc.py). SwiGLU, combine and
+embed run through the product's launchers with the lowerings' instances and launch geometry
+(kbpc.testing.instances; the FP32 and zero-filling SwiGLU forms are the same template).
 
 Fresh random inputs every run (the seed is in every failure message); outputs are poisoned and
 checked fully written. Shapes: the seed's (288 experts, top 8; moe_inter 2048; hidden 4096) and
@@ -22,11 +24,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families import embed_copy as lower_embed
+from kbpc.codegen.families import glm_moe_combine as lower_combine
+from kbpc.codegen.families import glm_swiglu_clamp as lower_swiglu
+from kbpc.codegen.families._rows import row_grid
 from kbpc.reference import embed_copy as ref_embed
 from kbpc.reference import glm_moe_combine as ref_combine
 from kbpc.reference import glm_router_topk as ref_router
 from kbpc.reference import glm_swiglu_clamp as ref_swiglu
 from kbpc.reference.formats import bf16_bits, bf16_from_bits
+from kbpc.testing import instances as ki
+from kbpc.testing.launchers import launcher
 
 F32 = np.float32
 EXACT_FLAGS = ()                      # the default build: correctly rounded exp/rsqrt
@@ -57,41 +65,30 @@ extern "C" __global__ void __launch_bounds__(kbp::router_threads({e})) router_{e
 """
 
 
-def swiglu_source(inter: int, vec: int) -> str:
-    sig = ("const __nv_bfloat16* g, const __nv_bfloat16* u, long s, void* y, long ys, float lim, "
-           "float* z, size_t zn")
-    body = "(g, u, s, y, ys, lim, z, zn); }"
-    return f"""#include "glm_swiglu_clamp.cuh"
-using kbp::SwiGluOut;
-extern "C" __global__ void swiglu_bf16_{inter}({sig}) {{ kbp::swiglu_clamp_body<{inter}, {vec}, SwiGluOut::kBF16, false>{body}
-extern "C" __global__ void swiglu_f32_{inter}({sig}) {{ kbp::swiglu_clamp_body<{inter}, {vec}, SwiGluOut::kF32, false>{body}
-extern "C" __global__ void swiglu_zero_{inter}({sig}) {{ kbp::swiglu_clamp_body<{inter}, {vec}, SwiGluOut::kBF16, true>{body}
-"""
-
-
-def combine_source(d: int, k: int, vec: int) -> str:
-    return f"""#include "glm_moe_combine.cuh"
-extern "C" __global__ void combine_{d}_{k}(const float* w, const int* ids, const int* rows,
-    const __nv_bfloat16* e, const __nv_bfloat16* sh, __nv_bfloat16* y) {{
-  kbp::moe_combine_body<{d}, {k}, {vec}>(w, ids, rows, e, sh, y); }}
-"""
-
-
-def embed_source(d: int, vec: int) -> str:
-    return f"""#include "embed_copy.cuh"
-extern "C" __global__ void embed_{d}(const int* tok, const uint16_t* table, int vocab, uint16_t* out,
-    int* err) {{ kbp::embed_copy_body<{d}, {vec}>(tok, table, vocab, out, err); }}
-"""
+# The SwiGLU kernel's three output forms: (entry, output enumerator, zero-fill, output dtype).
+SWIGLU_FORMS = [("bf16", lower_swiglu.OUT_BF16, False, np.uint16), ("f32", "kbp::SwiGluOut::kF32", False, F32),
+                ("zero", lower_swiglu.OUT_BF16, True, np.uint16)]
 
 
 def all_sources() -> str:
-    parts = [router_source(*s) for s in ROUTER_SHAPES] + [swiglu_source(*s) for s in SWIGLU_SHAPES]
-    parts += [combine_source(*s) for s in COMBINE_SHAPES] + [embed_source(*s) for s in EMBED_SHAPES]
-    return "\n".join(parts)
+    """The router's wrappers (the other kernels launch through the product's launchers, built by
+    tests/nvcc/test_gpu_test_instances.py)."""
+    return "\n".join(router_source(*s) for s in ROUTER_SHAPES)
+
+
+def instances():
+    """Every kernel instance this module launches through the product's launchers (the router's
+    tests load their own wrappers)."""
+    out = [ki.swiglu(inter, vec, o, z) for inter, vec in SWIGLU_SHAPES for _, o, z, _ in SWIGLU_FORMS]
+    return out + [ki.moe_combine(*s) for s in COMBINE_SHAPES] + [ki.embed(*s) for s in EMBED_SHAPES]
 
 
 def _module(src: str, name: str, exact: bool = False):
     return _gpu().load_module(src, name, extra_flags=EXACT_FLAGS if exact else FAST_FLAGS)
+
+
+def _launcher(inst, exact: bool = False):
+    return launcher(inst, flags=EXACT_FLAGS if exact else FAST_FLAGS)
 
 
 # ------------------------------------------------------------------ checks
@@ -192,7 +189,6 @@ def test_swiglu_clamp(inter, vec, exact):
     gpu = _gpu()
     seed = _seed()
     rng = np.random.default_rng(seed)
-    mod = _module(swiglu_source(inter, vec), f"swiglu_{inter}", exact)
     rows = 8
     gu_bits = bf16_bits((rng.standard_normal((rows, 2 * inter)) * 6.0).astype(F32))  # many clamped
     gu_bits.reshape(-1)[rng.choice(gu_bits.size, 3, replace=False)] = 0x7FC0  # NaN: fminf/fmaxf drop it
@@ -200,13 +196,12 @@ def test_swiglu_clamp(inter, vec, exact):
     gate, up = int(gu.gpudata), int(gu.gpudata) + 2 * inter
     gu_vals = bf16_from_bits(gu_bits)
     zero = gpu.poisoned((rows * 4096 + 3,), F32)
-    grid = (-(-inter // (64 * vec)), rows)
-    for entry, dtype in (("bf16", np.uint16), ("f32", F32), ("zero", np.uint16)):
+    grid = row_grid(inter, lower_swiglu.THREADS, vec, rows)
+    for entry, form, zero_fill, dtype in SWIGLU_FORMS:
         out = gpu.poisoned((rows, inter), dtype)
-        mod.get_function(f"swiglu_{entry}_{inter}")(
-            np.uintp(gate), np.uintp(up), np.int64(2 * inter), out.gpudata, np.int64(inter), F32(LIMIT),
-            zero.gpudata if entry == "zero" else np.uintp(0), np.uint64(zero.size if entry == "zero" else 0),
-            block=(64, 1, 1), grid=grid)
+        _launcher(ki.swiglu(inter, vec, form, zero_fill), exact)(
+            grid, (lower_swiglu.THREADS, 1, 1), np.uintp(gate), np.uintp(up), np.int64(2 * inter), out,
+            np.int64(inter), F32(LIMIT), zero if zero_fill else None, np.uint64(zero.size if zero_fill else 0))
         got = gpu.fetch(out, f"swiglu {entry}")
         want = ref_swiglu.swiglu_clamp_rows(gu_vals, LIMIT, out="f32" if entry == "f32" else "bf16")
         if exact:
@@ -228,7 +223,6 @@ def test_moe_combine(d, k, vec, indexed):
     gpu = _gpu()
     seed = _seed()
     rng = np.random.default_rng(seed)
-    mod = _module(combine_source(d, k, vec), f"combine_{d}_{k}")
     m = 3
     w = (rng.uniform(0.0, 1.0, (m, k)) * ROUTED_SCALE / k).astype(F32)
     ids = rng.integers(0, 288, (m, k)).astype(np.int32)
@@ -245,10 +239,9 @@ def test_moe_combine(d, k, vec, indexed):
         buf = np.empty_like(buf)
         buf[rows] = e_bits.reshape(m * k, d)
     y = gpu.poisoned((m, d), np.uint16)
-    mod.get_function(f"combine_{d}_{k}")(
-        gpu.to_gpu(w).gpudata, gpu.to_gpu(ids).gpudata, gpu.to_gpu(rows).gpudata if indexed else np.uintp(0),
-        gpu.to_gpu(buf).gpudata, gpu.to_gpu(sh_bits).gpudata, y.gpudata,
-        block=(64, 1, 1), grid=(-(-d // (64 * vec)), m))
+    _launcher(ki.moe_combine(d, k, vec))(
+        row_grid(d, lower_combine.THREADS, vec, m), (lower_combine.THREADS, 1, 1), gpu.to_gpu(w), gpu.to_gpu(ids),
+        gpu.to_gpu(rows) if indexed else None, gpu.to_gpu(buf), gpu.to_gpu(sh_bits), y)
     want = ref_combine.moe_combine(w, bf16_from_bits(e_bits), bf16_from_bits(sh_bits), ids)
     assert_bits_equal(gpu.fetch(y, "combine"), want, "combine", seed)
 
@@ -261,23 +254,20 @@ def test_embed_copy(d, vec):
     gpu = _gpu()
     seed = _seed()
     rng = np.random.default_rng(seed)
-    mod = _module(embed_source(d, vec), f"embed_{d}")
     vocab = 3001
     table_bits = rng.integers(0, 0xFFFF, (vocab, d), dtype=np.uint16)  # any bits but the poison
     table = gpu.to_gpu(table_bits)
-    fn = mod.get_function(f"embed_{d}")
+    run, block = _launcher(ki.embed(d, vec)), (lower_embed.THREADS, 1, 1)
     tokens = np.array([0, vocab - 1, *rng.integers(0, vocab, 5)], np.int32)
     out, err = gpu.poisoned((tokens.size, d), np.uint16), gpu.to_gpu(np.zeros(1, np.int32))
-    grid = (-(-d // (32 * vec)), tokens.size)
-    fn(gpu.to_gpu(tokens).gpudata, table.gpudata, np.int32(vocab), out.gpudata, err.gpudata,
-       block=(32, 1, 1), grid=grid)
+    run(row_grid(d, lower_embed.THREADS, vec, tokens.size), block, gpu.to_gpu(tokens), table, np.int32(vocab), out,
+        err)
     assert_bits_equal(gpu.fetch(out, "embed"), ref_embed.embed_copy(table_bits, tokens),
                       "embed", seed)
     assert err.get()[0] == 0
     bad = np.array([-1, vocab, 7], np.int32)  # out of range: a zero row and the error flag
     out = gpu.poisoned((3, d), np.uint16)
-    fn(gpu.to_gpu(bad).gpudata, table.gpudata, np.int32(vocab), out.gpudata, err.gpudata,
-       block=(32, 1, 1), grid=(grid[0], 3))
+    run(row_grid(d, lower_embed.THREADS, vec, 3), block, gpu.to_gpu(bad), table, np.int32(vocab), out, err)
     got = gpu.fetch(out, "embed (bad ids)")
     assert (got[:2] == 0).all() and (got[2] == table_bits[7]).all() and err.get()[0] == 1
 
@@ -286,7 +276,7 @@ def test_embed_copy(d, vec):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90", "sm_121"])
 def test_misc_sources_compile(tmp_path, target):
-    """Every wrapper the GPU tests load compiles for both targets (no GPU needed)."""
+    """Every wrapper the GPU tests load (the router's) compiles for both targets (no GPU needed)."""
     from kbpc.toolchain.nvcc import compile_cuda  # noqa: PLC0415
     from kbpc.targets import get_target  # noqa: PLC0415
 

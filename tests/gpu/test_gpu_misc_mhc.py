@@ -1,4 +1,7 @@
-"""GPU tests of kernels/glm_mhc.cuh (hyper-connections) against kbpc.reference.glm_mhc.
+"""GPU tests of kernels/glm_mhc.cuh (hyper-connections) against kbpc.reference.glm_mhc, through the
+product's launchers: expand, post-mix and head with the lowerings' instances and row geometry, and
+the header's standalone pre-mix (hc_pre_norm, PreParams by value) and gates (hc_gates), which the
+product replaced by the boundary kernel (tests/gpu/test_gpu_mhc_boundary.py).
 
 Fresh random inputs every run (the seed is in every failure message); outputs are poisoned and
 checked fully written. Shapes: the seed's (n_hc=4, hidden=4096) and small odd-but-legal ones
@@ -22,13 +25,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families import glm_mhc as lower_mhc
+from kbpc.codegen.families._rows import row_grid
 from kbpc.reference import glm_mhc as ref
 from kbpc.reference.formats import bf16_bits, bf16_from_bits
+from kbpc.testing import instances as ki
+from kbpc.testing.launchers import launcher
+from kbpc.testing.structs import pack_struct
 
 F32 = np.float32
 EXACT_FLAGS = ()                      # the default build: correctly rounded exp/rsqrt
 FAST_FLAGS = ("-DKBP_FAST_MATH",)      # CUDA expf / rsqrtf (within 2 ulp)
-PRE_THREADS = 288
+PRE_THREADS = lower_mhc.PRE_THREADS   # kbp::mhc::kPreThreads
+GATE_THREADS = 32                     # hc_gates: one warp a token
 EPS_N, EPS_HC, EPS = 1e-6, 1e-6, 1e-5
 
 # (n_hc, d, ranks, vec): the seed's boundary, then small odd-but-legal shapes.
@@ -40,35 +49,13 @@ def _gpu():
     return gpu
 
 
-def mhc_source(n: int, d: int, r: int, vec: int, suffix: str = "") -> str:
-    """extern "C" wrappers of every glm_mhc entry for one (n_hc, d, ranks, vec); names end in suffix."""
-    parts = ", ".join(f"const __nv_bfloat16* p{i}" for i in range(r))
-    plist = ", ".join(f"p{i}" for i in range(r))
-    tail = ("const __nv_bfloat16* phi, const float* alpha, const float* beta, const __nv_bfloat16* gamma, "
-            "float eps_n, float eps_hc, float eps, int iters, float* mix, unsigned int* counters, "
-            "__nv_bfloat16* collapsed, __nv_bfloat16* normed, float* post, float* comb")
-    fields = ("phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, "
-              "post, comb")
-    lb = f"__launch_bounds__({PRE_THREADS}, 1)"
-    return f"""#include "glm_mhc.cuh"
-using namespace kbp::mhc;  // (repeatable: several shapes may share one source)
-extern "C" __global__ void {lb} pre_plain{suffix}(const float* x, {tail}) {{
-  const PreParams<{n}, 1> p{{x, {{{{nullptr}}}}, nullptr, nullptr, nullptr, {fields}}};
-  hc_pre_norm_body<{n}, {d}, false, 1>(p);
-}}
-extern "C" __global__ void {lb} pre_fused{suffix}(const float* x, {parts}, const float* post_in,
-    const float* comb_in, float* x_out, {tail}) {{
-  const PreParams<{n}, {r}> p{{x, {{{{{plist}}}}}, post_in, comb_in, x_out, {fields}}};
-  hc_pre_norm_body<{n}, {d}, true, {r}>(p);
-}}
-extern "C" __global__ void post_mix{suffix}(const float* x, {parts}, const float* post, const float* comb, float* y) {{
-  hc_post_body<{n}, {d}, {r}, {vec}>(x, RankParts<{r}>{{{{{plist}}}}}, post, comb, y);
-}}
-extern "C" __global__ void __launch_bounds__(32) gates{suffix}(const float* mix, const float* alpha, const float* beta,
-    float eps_hc, int iters, float* post, float* comb) {{ hc_gates_body<{n}>(mix, alpha, beta, eps_hc, iters, post, comb); }}
-extern "C" __global__ void head{suffix}(const float* x, __nv_bfloat16* y) {{ hc_head_body<{n}, {d}, {vec}>(x, y); }}
-extern "C" __global__ void expand{suffix}(const __nv_bfloat16* h, float* x) {{ hc_expand_body<{n}, {d}, {vec}>(h, x); }}
-"""
+def instances():
+    """Every kernel instance this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    out = []
+    for n, d, r, vec in SHAPES:
+        out += [ki.hc_pre_norm(n, d, False, 1), ki.hc_pre_norm(n, d, True, r), ki.hc_gates(n),
+                ki.hc_post(n, d, r, vec), ki.hc_head(n, d, vec), ki.hc_expand(n, d, vec)]
+    return out
 
 
 def bf16_ulp_distance(a_bits: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
@@ -116,36 +103,38 @@ class Case:
         return ref.hc_post(self.x, u, self.post_in, self.comb_in)
 
 
-def _launch_pre(mod, case, iters, fused, with_collapsed=True, side_gates=False):
+def _launch_pre(case, iters, fused, exact, with_collapsed=True, side_gates=False):
+    """hc_pre_norm (PreParams by value; FUSE_POST: the post-mix of the rank parts first), then
+    hc_gates where the pre-mix was told to leave the gates alone (comb = nullptr)."""
     gpu = _gpu()
     n, d, m = case.n, case.d, case.m
     rows = (2 + n) * n
+    flags = EXACT_FLAGS if exact else FAST_FLAGS
     x = gpu.to_gpu(case.x)
     outs = {"mix": gpu.poisoned((m, rows), F32), "normed": gpu.poisoned((m, d), np.uint16),
             "post": gpu.poisoned((m, n), F32), "comb": gpu.poisoned((m, n, n), F32)}
     outs["collapsed"] = gpu.poisoned((m, d), np.uint16) if with_collapsed else None
     counters = gpu.to_gpu(np.zeros(m, np.uint32))
-    keep = [gpu.to_gpu(a) for a in (case.phi_bits, case.alpha, case.beta, case.gamma_bits)]
-    tail = [*(k.gpudata for k in keep), F32(EPS_N), F32(EPS_HC), F32(EPS), np.int32(iters),
-            outs["mix"].gpudata, counters.gpudata,
-            outs["collapsed"].gpudata if with_collapsed else np.uintp(0),
-            outs["normed"].gpudata, outs["post"].gpudata,
-            np.uintp(0) if side_gates else outs["comb"].gpudata]
+    phi, alpha, beta, gamma = (gpu.to_gpu(a) for a in (case.phi_bits, case.alpha, case.beta, case.gamma_bits))
     if fused:
         parts = [gpu.to_gpu(p) for p in case.parts_bits]
         pin, cin = gpu.to_gpu(case.post_in), gpu.to_gpu(case.comb_in)
         outs["x_out"] = gpu.poisoned((m, n, d), F32)
-        keep += [*parts, pin, cin]
-        head = [x.gpudata, *(p.gpudata for p in parts), pin.gpudata, cin.gpudata, outs["x_out"].gpudata]
-        fn = mod.get_function("pre_fused")
+        head = [x, *parts, pin, cin, outs["x_out"]]
     else:
-        head = [x.gpudata]
-        fn = mod.get_function("pre_plain")
-    fn(*head, *tail, block=(PRE_THREADS, 1, 1), grid=(rows, m))
+        head = [x, None, None, None, None]   # RankParts<1>{nullptr}, no post-mix inputs or output
+    # Field order of PreParams: x, parts, post_in, comb_in, x_out, phi, alpha, beta, gamma, eps_n,
+    # eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb, h, work (h, work: the
+    # boundary form's only).
+    params = pack_struct([*(("ptr", a) for a in (*head, phi, alpha, beta, gamma)), ("f32", EPS_N), ("f32", EPS_HC),
+                          ("f32", EPS), ("i32", iters),
+                          *(("ptr", a) for a in (outs["mix"], counters, outs["collapsed"], outs["normed"],
+                                                 outs["post"], None if side_gates else outs["comb"], None, None))])
+    launcher(ki.hc_pre_norm(n, d, fused, case.r if fused else 1), flags=flags)(
+        (rows, m, 1), (PRE_THREADS, 1, 1), params)
     if side_gates:  # the pre-mix left post/comb alone; hc_gates computes them from mix
-        mod.get_function("gates")(outs["mix"].gpudata, keep[1].gpudata, keep[2].gpudata, F32(EPS_HC),
-                                  np.int32(iters), outs["post"].gpudata, outs["comb"].gpudata,
-                                  block=(32, 1, 1), grid=(m, 1))
+        launcher(ki.hc_gates(n), flags=flags)((m, 1, 1), (GATE_THREADS, 1, 1), outs["mix"], alpha, beta, F32(EPS_HC),
+                                              np.int32(iters), outs["post"], outs["comb"])
     got = {k: gpu.fetch(v, k) for k, v in outs.items() if v is not None}
     got["counters"] = counters.get()
     return got
@@ -183,16 +172,14 @@ def _check_pre(got, case, iters, exact, seed, fused):
 @pytest.mark.parametrize("n,d,r,vec", SHAPES)
 def test_pre_norm(n, d, r, vec, fused, exact):
     seed = int(np.random.SeedSequence().entropy % 2**63)
-    mod = _gpu().load_module(mhc_source(n, d, r, vec), f"mhc_{n}_{d}_{r}",
-                             extra_flags=EXACT_FLAGS if exact else FAST_FLAGS)
     m = 2 if d < 4096 else 1
     case = Case(n, d, r, m, seed)
     for iters in (20, 1, 3):
-        got = _launch_pre(mod, case, iters, fused, with_collapsed=iters != 3)
+        got = _launch_pre(case, iters, fused, exact, with_collapsed=iters != 3)
         _check_pre(got, case, iters, exact, seed, fused)
-    again = _launch_pre(mod, case, 20, fused)  # the counters were re-armed: a replay agrees
+    again = _launch_pre(case, 20, fused, exact)  # the counters were re-armed: a replay agrees
     _check_pre(again, case, 20, exact, seed, fused)
-    side = _launch_pre(mod, case, 20, fused, side_gates=True)  # gates + Sinkhorn as their own kernel
+    side = _launch_pre(case, 20, fused, exact, side_gates=True)  # gates + Sinkhorn as their own kernel
     _check_pre(side, case, 20, exact, seed, fused)
 
 
@@ -202,16 +189,15 @@ def test_pre_norm(n, d, r, vec, fused, exact):
 def test_post_mix(n, d, r, vec, in_place):
     gpu = _gpu()
     seed = int(np.random.SeedSequence().entropy % 2**63)
-    mod = gpu.load_module(mhc_source(n, d, r, vec), f"mhc_{n}_{d}_{r}")
     m = 3
     case = Case(n, d, r, m, seed)
     x = gpu.to_gpu(case.x)
     out = x if in_place else gpu.poisoned((m, n, d), F32)
     parts = [gpu.to_gpu(p) for p in case.parts_bits]
     post, comb = gpu.to_gpu(case.post_in), gpu.to_gpu(case.comb_in)
-    threads = 64
-    mod.get_function("post_mix")(x.gpudata, *(p.gpudata for p in parts), post.gpudata, comb.gpudata,
-                                 out.gpudata, block=(threads, 1, 1), grid=(-(-d // (threads * vec)), m))
+    threads = lower_mhc.ROW_THREADS
+    launcher(ki.hc_post(n, d, r, vec))(row_grid(d, threads, vec, m), (threads, 1, 1), x,
+                                       pack_struct([("ptr", p) for p in parts]), post, comb, out)
     assert_bits_equal(gpu.fetch(out, "post-mix"), case.streams_after_post(), "post-mix", seed)
 
 
@@ -221,27 +207,13 @@ def test_expand_and_head(n, d, r, vec):
     gpu = _gpu()
     seed = int(np.random.SeedSequence().entropy % 2**63)
     rng = np.random.default_rng(seed)
-    mod = gpu.load_module(mhc_source(n, d, r, vec), f"mhc_{n}_{d}_{r}")
-    m, threads = 2, 32
-    grid = (-(-d // (threads * vec)), m)
+    m, threads = 2, lower_mhc.ROW_THREADS
+    grid = row_grid(d, threads, vec, m)
     h_bits = bf16_bits(rng.standard_normal((m, d)).astype(F32))
     x = gpu.poisoned((m, n, d), F32)
-    mod.get_function("expand")(gpu.to_gpu(h_bits).gpudata, x.gpudata, block=(threads, 1, 1), grid=grid)
+    launcher(ki.hc_expand(n, d, vec))(grid, (threads, 1, 1), gpu.to_gpu(h_bits), x)
     assert_bits_equal(gpu.fetch(x, "expand"), ref.hc_expand(bf16_from_bits(h_bits), n), "expand", seed)
     streams = rng.standard_normal((m, n, d)).astype(F32)
     y = gpu.poisoned((m, d), np.uint16)
-    mod.get_function("head")(gpu.to_gpu(streams).gpudata, y.gpudata, block=(threads, 1, 1), grid=grid)
+    launcher(ki.hc_head(n, d, vec))(grid, (threads, 1, 1), gpu.to_gpu(streams), y)
     assert_bits_equal(gpu.fetch(y, "head"), ref.hc_head(streams), "head", seed)
-
-
-@pytest.mark.nvcc
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["sm_90", "sm_121"])
-def test_mhc_sources_compile(tmp_path, target):
-    """Every wrapper the GPU tests load compiles for both targets (no GPU needed)."""
-    from kbpc.toolchain.nvcc import compile_cuda  # noqa: PLC0415
-    from kbpc.targets import get_target  # noqa: PLC0415
-
-    src = tmp_path / "mhc.cu"
-    src.write_text("\n".join(mhc_source(*shape, suffix=f"_{i}") for i, shape in enumerate(SHAPES)))
-    compile_cuda(src, tmp_path / "mhc.cubin", get_target(target), extra_flags=EXACT_FLAGS)

@@ -5,47 +5,43 @@ Tolerances: the reciprocal root is rsqrtf (<= 2 ulp) where the reference rounds 
 so the FP32 value before the BF16 store is a few ulp away and each normalised output is within
 1 BF16 ulp. Everything that involves no rsqrtf (the in-place residual add h <- rn(h + s), the
 residual copy) is bit-exact. The block sizes are the reference's rules (rms_norm.block_threads,
-layer_norm.block_threads), so the reduction orders are the same.
+layer_norm.block_threads), so the reduction orders are the same. Every kernel runs through the
+product's launchers with the lowerings' instances (kbpc.testing.instances; the residual modes are
+the same rms_norm template with another RmsMode).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kbpc.codegen.families.rms_norm import norm_quant_instance
 from kbpc.reference import layer_norm as ref_ln
 from kbpc.reference import rms_norm as ref_rms
 from kbpc.reference.formats import bf16_bits, to_bf16
+from kbpc.testing import instances as ki
 from kbpc.testing.compare import assert_bf16_within
+from kbpc.testing.launchers import launcher
 
 F32 = np.float32
-BF = "__nv_bfloat16"
-MODES = {"norm": 0, "residual_copy": 1, "residual_add": 2, "residual_add_exact": 3}
+MODES = {"norm": 0, "residual_copy": 1, "residual_add": 2, "residual_add_exact": 3}   # kbp::RmsMode
 
 
-def rms_source(d: int, one_plus: bool, mode: str) -> str:
-    t = ref_rms.block_threads(d)
-    return (f'#include "rms_norm.cuh"\nextern "C" __global__ void __launch_bounds__({t})\n'
-            f'rms(void* x, long xs, long xgs, const void* s, long ss, void* res, long rs, const void* w,\n'
-            f'    float eps, void* y, long ys, long ygs) {{\n'
-            f'    kbp::rms_norm_dev<{d}, {t}, {str(one_plus).lower()}, {MODES[mode]}>(({BF}*)x, xs, xgs,\n'
-            f'        (const {BF}*)s, ss, ({BF}*)res, rs, (const {BF}*)w, eps, ({BF}*)y, ys, ygs);\n}}\n')
+def rms_instance(d: int, one_plus: bool, mode: str):
+    return ki.rms_norm(d, ref_rms.block_threads(d), one_plus, MODES[mode])
 
 
-def ln_source(d: int) -> str:
-    t = ref_ln.block_threads(d)
-    return (f'#include "layer_norm.cuh"\nextern "C" __global__ void __launch_bounds__({t})\n'
-            f'ln(const {BF}* x, long xs, const {BF}* w, const {BF}* b, float eps, {BF}* y, long ys) {{\n'
-            f'    kbp::layer_norm_bf16_dev<{d}, {t}>(x, xs, w, b, eps, y, ys);\n}}\n')
+def ln_instance(d: int):
+    return ki.layer_norm(d, ref_ln.block_threads(d))
 
 
 def bf16_rand(rng, shape, std=1.0, mean=0.0):
     return to_bf16((rng.standard_normal(shape) * std + mean).astype(F32))
 
 
-def test_sources_use_the_reference_block_sizes():
-    assert "__launch_bounds__(1024)" in rms_source(4096, True, "norm")
-    assert "rms_norm_dev<1536, 768, false, 0>" in rms_source(1536, False, "norm")
-    assert "layer_norm_bf16_dev<100, 128>" in ln_source(100)
+def test_instances_use_the_reference_block_sizes():
+    assert rms_instance(4096, True, "norm").kernel == "kbp::rms_norm<4096, 1024, true, 0>"
+    assert rms_instance(1536, False, "norm").kernel == "kbp::rms_norm<1536, 768, false, 0>"
+    assert ln_instance(100).kernel == "kbp::layer_norm_bf16<100, 128>"
 
 
 def _gpu():
@@ -62,6 +58,17 @@ RMS_SHAPES = [  # (d, rows, groups, one_plus)
     (2050, 2, 1, False),   # 1025 pairs on 1024 threads: two rounds for thread 0
     (128, 3, 4, True),     # strided per-head form: 4 heads per row, padded rows
 ]
+LN_SHAPES = [(128, 1), (128, 7), (100, 3), (1500, 2), (5000, 2)]   # (d, rows)
+QUANT_SHAPES = [(1536, 1, False, True), (128, 3, True, True), (1000, 2, False, False),
+                (2050, 1, True, True)]                               # (d, rows, one_plus, write_y)
+
+
+def instances():
+    """Every kernel instance this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    out = [rms_instance(d, one_plus, mode) for d, _, groups, one_plus in RMS_SHAPES for mode in MODES
+           if groups == 1 or mode == "norm"]
+    out += [norm_quant_instance(d, one_plus) for d, _, one_plus, _ in QUANT_SHAPES]
+    return out + [ln_instance(d) for d, _ in LN_SHAPES]
 
 
 @pytest.mark.gpu
@@ -77,13 +84,13 @@ def test_rms_norm(d, rows, groups, one_plus, mode):
     x = bf16_rand(rng, (rows, row_stride), rng.uniform(0.1, 10.0))
     s = bf16_rand(rng, (rows, groups * d))
     gamma = bf16_rand(rng, (d,), 0.1, 0.0 if one_plus else 1.0)
-    fn = g.load_module(rms_source(d, one_plus, mode), "rms_norm").get_function("rms")
     x_gpu = g.to_gpu(bf16_bits(x))
     y = g.poisoned((rows, groups * d), np.uint16)
     res = g.poisoned((rows, d), np.uint16)
-    fn(x_gpu.gpudata, np.int64(row_stride), np.int64(d), g.to_gpu(bf16_bits(s)).gpudata, np.int64(d),
-       res.gpudata, np.int64(d), g.to_gpu(bf16_bits(gamma)), np.float32(eps), y.gpudata,
-       np.int64(groups * d), np.int64(d), block=(ref_rms.block_threads(d), 1, 1), grid=(rows, groups))
+    launcher(rms_instance(d, one_plus, mode))((rows, groups, 1), (ref_rms.block_threads(d), 1, 1), x_gpu,
+                                              np.int64(row_stride), np.int64(d), g.to_gpu(bf16_bits(s)), np.int64(d),
+                                              res, np.int64(d), g.to_gpu(bf16_bits(gamma)), np.float32(eps), y,
+                                              np.int64(groups * d), np.int64(d))
     xr = x[:, :groups * d].reshape(rows, groups, d)
     if mode in ("norm", "residual_copy"):
         y_ref = ref_rms.rms_norm(xr, gamma, eps, weight)
@@ -99,7 +106,7 @@ def test_rms_norm(d, rows, groups, one_plus, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,rows", [(128, 1), (128, 7), (100, 3), (1500, 2), (5000, 2)])
+@pytest.mark.parametrize("d,rows", LN_SHAPES)
 @pytest.mark.parametrize("in_place", [True, False])
 def test_layer_norm(d, rows, in_place):
     g = _gpu()
@@ -107,23 +114,19 @@ def test_layer_norm(d, rows, in_place):
     eps = 1e-6
     x = bf16_rand(rng, (rows, d), rng.uniform(0.1, 10.0), rng.uniform(-3.0, 3.0))
     gamma, beta = bf16_rand(rng, (d,), 0.2, 1.0), bf16_rand(rng, (d,), 0.2)
-    fn = g.load_module(ln_source(d), "layer_norm").get_function("ln")
     x_gpu = g.to_gpu(bf16_bits(x))
     y = x_gpu if in_place else g.poisoned((rows, d), np.uint16)
-    fn(x_gpu.gpudata, np.int64(d), g.to_gpu(bf16_bits(gamma)), g.to_gpu(bf16_bits(beta)), np.float32(eps),
-       y.gpudata, np.int64(d), block=(ref_ln.block_threads(d), 1, 1), grid=(rows, 1))
+    launcher(ln_instance(d))((rows, 1, 1), (ref_ln.block_threads(d), 1, 1), x_gpu, np.int64(d),
+                             g.to_gpu(bf16_bits(gamma)), g.to_gpu(bf16_bits(beta)), np.float32(eps), y, np.int64(d))
     assert_bf16_within(g.fetch(y, "y"), ref_ln.layer_norm(x, gamma, beta, eps), 1, "y")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,rows,one_plus,write_y", [(1536, 1, False, True), (128, 3, True, True),
-                                                     (1000, 2, False, False), (2050, 1, True, True)])
+@pytest.mark.parametrize("d,rows,one_plus,write_y", QUANT_SHAPES)
 def test_rms_norm_quant_fp8(d, rows, one_plus, write_y):
     """The norm with its per-token FP8 quantizer fused (through the product's launcher): the BF16
     row as rms_norm, codes and scales bit-exact as w8a8_act_quant_row on that row."""
-    from kbpc.codegen.families.rms_norm import norm_quant_instance
     from kbpc.reference import w8a8_act_quant as ref_q
-    from kbpc.testing.launchers import launcher
 
     g = _gpu()
     rng = np.random.default_rng()

@@ -1,5 +1,8 @@
 """GPU tests of the projection kernels (dense_bf16, w4a16_gemv, w4a4_mx, w4a4_mx_static, wxay,
-w8a8_act_quant) against kbpc.reference, at the seed's shapes and at small odd-but-legal shapes.
+w8a8_act_quant) against kbpc.reference, at the seed's shapes and at small odd-but-legal shapes,
+launched through the product's launchers with the lowerings' instances (kbpc.testing.instances;
+the pointer-table segment GEMVs and the SiLU / group-128 quantizers are the headers' own
+__global__ forms, which no lowering launches).
 
 Fresh random inputs every run; outputs are poisoned and checked fully written (`fetch`).
 Tolerances (only where the math does not fix every rounding):
@@ -18,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families._projection import BF16, BLOCK
 from kbpc.reference import dense_bf16 as ref_dense
 from kbpc.reference import w4a4_mx as ref_w4a4
 from kbpc.reference import w4a4_mx_static as ref_w4a4s
@@ -25,6 +29,8 @@ from kbpc.reference import w4a16_gemv as ref_w4a16
 from kbpc.reference import w8a8_act_quant as ref_w8a8
 from kbpc.reference import wxay as ref_wxay
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_fp8, quantize_nvfp4, to_bf16
+from kbpc.testing import instances as ki
+from kbpc.testing.launchers import launcher
 
 pytestmark = pytest.mark.gpu
 
@@ -62,56 +68,6 @@ def assert_bf16_close(got_bits, want, what, frac_equal):
     assert eq >= frac_equal, f"{what}: only {eq:.5f} identical"
 
 
-# ------------------------------------------------------------------ sources
-
-def _module(src: str, name: str):
-    return _gpu().load_module("#include <cuda_bf16.h>\n" + src, name)
-
-
-def dense_src(k):
-    return f"""#include "dense_bf16.cuh"
-extern "C" __global__ void __launch_bounds__(256) d_bf16(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, __nv_bfloat16>(W, x, y, N); }}
-extern "C" __global__ void __launch_bounds__(256) d_f32(const __nv_bfloat16* W, const __nv_bfloat16* x, float* y, int N) {{ kbp::dense_gemv_bf16_dev<{k}, float>(W, x, y, N); }}
-"""
-
-
-def w4a16_src(k):
-    return f"""#include "w4a16_gemv.cuh"
-extern "C" __global__ void __launch_bounds__(256) w4(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::w4a16_gemv_dev<{k}>(c, s, g, x, y, N); }}
-extern "C" __global__ void __launch_bounds__(256) w4seg(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_gemv_seg_dev<{k}>(t, n, x); }}
-extern "C" __global__ void __launch_bounds__(256) w4silu(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, int N) {{ kbp::w4a16_gemv_silu_input_dev<{k}>(c, s, g, a, b, y, N); }}
-"""
-
-
-def w4a4_src(k):
-    return f"""#include "w4a4_mx_static.cuh"
-extern "C" __global__ void __launch_bounds__(256) q4(const __nv_bfloat16* x, uint8_t* c, uint8_t* s, float* g) {{ kbp::w4a4_quant_rows_dev<{k}>(x, c, s, g); }}
-extern "C" __global__ void __launch_bounds__(256) q4s(const __nv_bfloat16* x, float gm, uint8_t* c, uint8_t* s, float* g) {{ kbp::w4a4_quant_rows_static_dev<{k}>(x, gm, c, s, g); }}
-extern "C" __global__ void __launch_bounds__(256, 2) g4(const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, float sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_dev<{k}>(ac, as, ag, wc, ws, sg, y, N); }}
-extern "C" __global__ void __launch_bounds__(256, 2) g4moe(const int* ids, int div, const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, const float* sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_moe_slots_dev<{k}>(ids, div, ac, as, ag, wc, ws, sg, y, N); }}
-"""
-
-
-def wxay_src(k):
-    return f"""#include "wxay.cuh"
-extern "C" __global__ void __launch_bounds__(256, 2) wx(const uint8_t* a, const float* sa, const uint8_t* w, const float* sw, __nv_bfloat16* y, int N) {{ kbp::wxay_rowscale_dev<{k}>(a, sa, w, sw, y, N); }}
-extern "C" __global__ void __launch_bounds__(256, 2) wxsplit(const kbp::WxaySeg* t, int n, const uint8_t* a, const float* sa) {{ kbp::wxay_rowscale_split_dev<{k}>(t, n, a, sa); }}
-"""
-
-
-def w8a8_src(k):
-    g128 = k % 128 == 0
-    src = f"""#include "w8a8_act_quant.cuh"
-extern "C" __global__ void __launch_bounds__(256) qrow(const __nv_bfloat16* x, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_row_dev<{k}>(x, q, s); }}
-extern "C" __global__ void __launch_bounds__(256) qsrow(const __nv_bfloat16* g, const __nv_bfloat16* u, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_silu_row_dev<{k}>(g, u, q, s); }}
-"""
-    if g128:
-        src += f"""extern "C" __global__ void __launch_bounds__(256) qg(const __nv_bfloat16* x, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_g128_dev<{k}>(x, q, s); }}
-extern "C" __global__ void __launch_bounds__(256) qsg(const __nv_bfloat16* g, const __nv_bfloat16* u, uint8_t* q, float* s) {{ kbp::w8a8_act_quant_silu_g128_dev<{k}>(g, u, q, s); }}
-"""
-    return src
-
-
 def seg_table(segs, record) -> np.ndarray:
     """Pack device segment tables (W4A16Seg / WxaySeg: 32 bytes each) from tuples of fields."""
     dt = np.dtype(record)
@@ -122,19 +78,45 @@ def seg_table(segs, record) -> np.ndarray:
 W4A16_SEG = [("codes", "<u8"), ("scales", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
 WXAY_SEG = [("w", "<u8"), ("s", "<u8"), ("y", "<u8"), ("n", "<i4"), ("pad", "<i4")]
 
+# (n, k) and (k, segment widths) of each test: the seed's shapes, then small odd-but-legal ones.
+DENSE_SHAPES = [(154880, 4096), (4096, 4096), (48, 2176), (5, 8), (7, 520)]
+W4A16_SHAPES = [(8192, 4096), (4096, 8192), (48, 2176), (3, 16), (37, 1040)]
+W4A16_SEGMENTS = [(4096, (4096, 4096, 4096, 32, 32, 32)), (2176, (48, 4, 17))]
+W4A16_SILU_SHAPES = [(4096, 2048), (48, 2176)]
+W4A4_QUANT_KS = [4096, 2176, 2048, 12288]
+W4A4_SHAPES = [(4096, 4096), (4096, 2048), (48, 2176), (16, 128)]
+W4A4_MOE_SHAPES = [(4096, 4096, 16, 8, True), (4096, 2048, 16, 8, False), (48, 2176, 5, 4, True)]
+WXAY_SHAPES = [(1536, 4096), (16384, 1536), (4096, 16384), (48, 2176)]
+WXAY_SPLITS = [(4096, (1536, 512, 128, 32)), (2176, (48, 16))]
+W8A8_KS = [4096, 12288, 18432, 2176, 520]
+W8A8_SILU_KS = [2048, 6144, 2176]
+
+
+def instances():
+    """Every kernel instance this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    out = [ki.dense(k, o) for _, k in DENSE_SHAPES for o in (BF16, "float")]
+    out += [ki.w4a16(k) for _, k in W4A16_SHAPES] + [ki.w4a16_seg(k) for k, _ in W4A16_SEGMENTS]
+    out += [ki.w4a16_silu_input(k) for _, k in W4A16_SILU_SHAPES]
+    out += [ki.w4a4_quant_rows(k) for k in {*W4A4_QUANT_KS, *(k for _, k in W4A4_SHAPES)}]
+    out += [ki.w4a4_quant_rows_static(k) for k in {*W4A4_QUANT_KS, *(k for _, k, *_ in W4A4_MOE_SHAPES)}]
+    out += [ki.w4a4_gemv(k) for _, k in W4A4_SHAPES] + [ki.w4a4_moe_slots(k) for _, k, *_ in W4A4_MOE_SHAPES]
+    out += [ki.wxay_rowscale(k) for _, k in WXAY_SHAPES] + [ki.wxay_split(k) for k, _ in WXAY_SPLITS]
+    out += [ki.w8a8_quant(k, f) for k in W8A8_KS for f in ("row", "g128") if f == "row" or k % 128 == 0]
+    out += [ki.w8a8_quant(k, f) for k in W8A8_SILU_KS for f in ("silu_row", "silu_g128")]
+    return out
+
 
 # ------------------------------------------------------------------ dense_bf16
 
-@pytest.mark.parametrize("n,k", [(154880, 4096), (4096, 4096), (48, 2176), (5, 8), (7, 520)])
+@pytest.mark.parametrize("n,k", DENSE_SHAPES)
 def test_dense_bf16(n, k):
     g = _gpu()
     w, x = bf16_input((n, k), 0.05), bf16_input((k,))
-    mod = _module(dense_src(k), f"dense_{k}")
     wd, xd = g.to_gpu(bf16_bits(w)), g.to_gpu(bf16_bits(x))
     y16, y32 = g.poisoned((n,), np.uint16), g.poisoned((n,), np.float32)
-    grid = ((n + 3) // 4, 1)
-    mod.get_function("d_bf16")(wd.gpudata, xd.gpudata, y16.gpudata, np.int32(n), block=(256, 1, 1), grid=grid)
-    mod.get_function("d_f32")(wd.gpudata, xd.gpudata, y32.gpudata, np.int32(n), block=(256, 1, 1), grid=grid)
+    grid = ((n + 3) // 4, 1, 1)   # the 256-thread form: 4 outputs per CTA
+    launcher(ki.dense(k, BF16))(grid, BLOCK, wd, xd, y16, np.int32(n))
+    launcher(ki.dense(k, "float"))(grid, BLOCK, wd, xd, y32, np.int32(n))
     assert_bf16_equal(g.fetch(y16), ref_dense.dense_gemv_bf16(x, w)[0], "dense bf16")
     want32 = ref_dense.dense_gemv_bf16(x, w, out_dtype="f32")[0]
     assert np.array_equal(g.fetch(y32).view(np.uint32), want32.view(np.uint32)), "dense f32 out"
@@ -142,21 +124,20 @@ def test_dense_bf16(n, k):
 
 # ------------------------------------------------------------------ w4a16
 
-@pytest.mark.parametrize("n,k", [(8192, 4096), (4096, 8192), (48, 2176), (3, 16), (37, 1040)])
+@pytest.mark.parametrize("n,k", W4A16_SHAPES)
 def test_w4a16_gemv(n, k):
     g = _gpu()
     packed, scales, sg = nvfp4_weight(n, k)
     x = bf16_input((k,))
-    mod = _module(w4a16_src(k), f"w4a16_{k}")
     y = g.poisoned((n,), np.uint16)
-    mod.get_function("w4")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
-                           g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
-                           block=(256, 1, 1), grid=((n + 15) // 16, 1))
+    launcher(ki.w4a16(k))(((n + 15) // 16, 1, 1), BLOCK, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
+                          g.to_gpu(bf16_bits(x)), y, np.int32(n))
     assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0], "w4a16_gemv")
 
 
-def run_w4a16_segments(fn, ns, k, block, grid):
-    """Fresh x and weights of widths ns; fn(table, nseg, x) launched once; (x, weights, outputs)."""
+def run_w4a16_segments(inst, ns, k, block, grid):
+    """Fresh x and weights of widths ns, launched once through `inst`: a pointer-table form (table,
+    nseg, x) or a by-value W4A16SegList form (list, x); returns (x, weights, outputs)."""
     g = _gpu()
     x = bf16_input((k,))
     weights = [nvfp4_weight(n, k) for n in ns]
@@ -164,46 +145,44 @@ def run_w4a16_segments(fn, ns, k, block, grid):
     ys = [g.poisoned((n,), np.uint16) for n in ns]
     table = seg_table([(int(p.gpudata), int(s.gpudata), int(y.gpudata), float(sg), n)
                        for (p, s), y, (_, _, sg), n in zip(dev, ys, weights, ns)], W4A16_SEG)
-    fn(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(bf16_bits(x)).gpudata, block=block, grid=grid)
+    by_value = inst.params[0].startswith("kbp::W4A16SegList")
+    head = (table,) if by_value else (g.to_gpu(table), np.int32(len(ns)))
+    launcher(inst)(grid, block, *head, g.to_gpu(bf16_bits(x)))
     return x, weights, ys
 
 
-@pytest.mark.parametrize("k,ns", [(4096, (4096, 4096, 4096, 32, 32, 32)), (2176, (48, 4, 17))])
+@pytest.mark.parametrize("k,ns", W4A16_SEGMENTS)
 def test_w4a16_segments(k, ns):
     g = _gpu()
-    mod = _module(w4a16_src(k), f"w4a16_{k}")
-    x, weights, ys = run_w4a16_segments(mod.get_function("w4seg"), ns, k, (256, 1, 1),
-                                        (sum((n + 15) // 16 for n in ns), 1))
+    x, weights, ys = run_w4a16_segments(ki.w4a16_seg(k), ns, k, BLOCK, (sum((n + 15) // 16 for n in ns), 1, 1))
     want = ref_w4a16.w4a16_gemv_segments(x, weights)
     for i, (y, wv) in enumerate(zip(ys, want)):
         assert_bf16_equal(g.fetch(y, f"segment {i}"), wv[0], f"segment {i}")
 
 
-@pytest.mark.parametrize("n,k", [(4096, 2048), (48, 2176)])
+@pytest.mark.parametrize("n,k", W4A16_SILU_SHAPES)
 def test_w4a16_silu_input(n, k):
     g = _gpu()
     packed, scales, sg = nvfp4_weight(n, k)
     gate, up = bf16_input((k,), 2.0), bf16_input((k,))
-    mod = _module(w4a16_src(k), f"w4a16_{k}")
     y = g.poisoned((n,), np.uint16)
-    mod.get_function("w4silu")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
-                               g.to_gpu(bf16_bits(gate)).gpudata, g.to_gpu(bf16_bits(up)).gpudata, y.gpudata,
-                               np.int32(n), block=(256, 1, 1), grid=((n + 15) // 16, 1))
+    launcher(ki.w4a16_silu_input(k))(((n + 15) // 16, 1, 1), BLOCK, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
+                                     g.to_gpu(bf16_bits(gate)), g.to_gpu(bf16_bits(up)), y, np.int32(n))
     want = ref_w4a16.w4a16_gemv_silu_input(gate, up, packed, scales, sg)
     assert_bf16_close(g.fetch(y)[None], want, "w4a16 silu input", 0.99)
 
 
 # ------------------------------------------------------------------ w4a4 (dynamic and static)
 
-def _quant_rows(mod, g, x, gamma=None):
+def _quant_rows(g, x, gamma=None):
+    """The planar nvfp4/g16 rows of x: dynamic (w4a4_quant_rows) or with the static scale gamma."""
     m, k = x.shape
     c, s, a = g.poisoned((m, k // 2), np.uint8), g.poisoned((m, k // 16), np.uint8), g.poisoned((m,), np.float32)
     xd = g.to_gpu(bf16_bits(x))
     if gamma is None:
-        mod.get_function("q4")(xd.gpudata, c.gpudata, s.gpudata, a.gpudata, block=(256, 1, 1), grid=(m, 1))
+        launcher(ki.w4a4_quant_rows(k))((m, 1, 1), BLOCK, xd, c, s, a)
     else:
-        mod.get_function("q4s")(xd.gpudata, np.float32(gamma), c.gpudata, s.gpudata, a.gpudata,
-                                block=(256, 1, 1), grid=(m, 1))
+        launcher(ki.w4a4_quant_rows_static(k))((m, 1, 1), BLOCK, xd, np.float32(gamma), c, s, a)
     return c, s, a
 
 
@@ -215,37 +194,34 @@ def _check_quant(g, got, want, what):
         assert np.array_equal(host.view(np.uint8), np.asarray(w).view(np.uint8)), f"{what} {name}"
 
 
-@pytest.mark.parametrize("k", [4096, 2176, 2048, 12288])
+@pytest.mark.parametrize("k", W4A4_QUANT_KS)
 def test_w4a4_quant_rows(k):
     g = _gpu()
     x = bf16_input((3, k))
     x[1] = 0.0  # an all-zero row: g = 1
     x[2, :16] = 0.0  # a zero group
-    mod = _module(w4a4_src(k), f"w4a4_{k}")
-    c, s, a = _quant_rows(mod, g, x)
+    c, s, a = _quant_rows(g, x)
     want = ref_w4a4.quantize_rows(x)
     _check_quant(g, (c, s, a), want, "dynamic")
     gamma = np.float32(np.abs(x).max() / 2688 * 0.5)  # some values saturate
-    c, s, a = _quant_rows(mod, g, x, gamma)
+    c, s, a = _quant_rows(g, x, gamma)
     want = ref_w4a4s.quantize_rows_static(x, gamma)
     _check_quant(g, (c, s, a), want, "static")
 
 
-@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 2048), (48, 2176), (16, 128)])
+@pytest.mark.parametrize("n,k", W4A4_SHAPES)
 def test_w4a4_gemv(n, k):
     g = _gpu()
     packed, scales, sg = nvfp4_weight(n, k)
     x = bf16_input((1, k))
-    mod = _module(w4a4_src(k), f"w4a4_{k}")
-    c, s, a = _quant_rows(mod, g, x)
+    c, s, a = _quant_rows(g, x)
     y = g.poisoned((n,), np.uint16)
-    mod.get_function("g4")(c.gpudata, s.gpudata, a.gpudata, g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata,
-                           np.float32(sg), y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, 1))
+    launcher(ki.w4a4_gemv(k))((n // 16, 1, 1), BLOCK, c, s, a, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg), y,
+                              np.int32(n))
     assert_bf16_equal(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], "w4a4_gemv")
 
 
-@pytest.mark.parametrize("n,k,experts,top_k,shared", [(4096, 4096, 16, 8, True), (4096, 2048, 16, 8, False),
-                                                      (48, 2176, 5, 4, True)])
+@pytest.mark.parametrize("n,k,experts,top_k,shared", W4A4_MOE_SHAPES)
 def test_w4a4_moe_slots(n, k, experts, top_k, shared):
     g = _gpu()
     stack = [nvfp4_weight(n, k) for _ in range(experts)]
@@ -256,12 +232,10 @@ def test_w4a4_moe_slots(n, k, experts, top_k, shared):
     rows = 1 if shared else top_k
     x = bf16_input((rows, k))
     gamma = np.float32(np.abs(x).max() / 2688)
-    mod = _module(w4a4_src(k), f"w4a4_{k}")
-    c, s, a = _quant_rows(mod, g, x, gamma)
+    c, s, a = _quant_rows(g, x, gamma)
     y = g.poisoned((top_k, n), np.uint16)
-    mod.get_function("g4moe")(g.to_gpu(ids).gpudata, np.int32(top_k if shared else 1), c.gpudata, s.gpudata,
-                              a.gpudata, g.to_gpu(wp).gpudata, g.to_gpu(ws).gpudata, g.to_gpu(wg).gpudata,
-                              y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, top_k))
+    launcher(ki.w4a4_moe_slots(k))((n // 16, top_k, 1), BLOCK, g.to_gpu(ids), np.int32(top_k if shared else 1), c, s, a,
+                                   g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
     xin = x[0] if shared else x
     want = ref_w4a4s.w4a4_static_moe_slots(xin, gamma, wp, ws, wg, ids)
     assert_bf16_equal(g.fetch(y), want, "w4a4 moe slots")
@@ -273,19 +247,18 @@ def fp8_weight(n, k):
     return quantize_fp8(RNG.standard_normal((n, k)).astype(np.float32) * np.float32(0.02), axis=-1)
 
 
-@pytest.mark.parametrize("n,k", [(1536, 4096), (16384, 1536), (4096, 16384), (48, 2176)])
+@pytest.mark.parametrize("n,k", WXAY_SHAPES)
 def test_wxay_rowscale(n, k):
     g = _gpu()
     wc, wsc = fp8_weight(n, k)
     ac, asc = quantize_fp8(bf16_input((1, k)), axis=-1)
-    mod = _module(wxay_src(k), f"wxay_{k}")
     y = g.poisoned((n,), np.uint16)
-    mod.get_function("wx")(g.to_gpu(ac).gpudata, g.to_gpu(asc).gpudata, g.to_gpu(wc).gpudata, g.to_gpu(wsc).gpudata,
-                           y.gpudata, np.int32(n), block=(256, 1, 1), grid=(n // 16, 1))
+    launcher(ki.wxay_rowscale(k))((n // 16, 1, 1), BLOCK, g.to_gpu(ac), g.to_gpu(asc), g.to_gpu(wc), g.to_gpu(wsc), y,
+                                  np.int32(n))
     assert_bf16_close(g.fetch(y)[None], ref_wxay.wxay_rowscale(ac, asc, wc, wsc), "wxay", 0.999)
 
 
-@pytest.mark.parametrize("k,ns", [(4096, (1536, 512, 128, 32)), (2176, (48, 16))])
+@pytest.mark.parametrize("k,ns", WXAY_SPLITS)
 def test_wxay_split(k, ns):
     g = _gpu()
     weights = [fp8_weight(n, k) for n in ns]
@@ -294,30 +267,28 @@ def test_wxay_split(k, ns):
     ys = [g.poisoned((n,), np.uint16) for n in ns]
     table = seg_table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), n, 0) for (c, s), y, n in zip(dev, ys, ns)],
                       WXAY_SEG)
-    mod = _module(wxay_src(k), f"wxay_{k}")
-    mod.get_function("wxsplit")(g.to_gpu(table).gpudata, np.int32(len(ns)), g.to_gpu(ac).gpudata,
-                                g.to_gpu(asc).gpudata, block=(256, 1, 1), grid=(sum(n // 16 for n in ns), 1))
+    launcher(ki.wxay_split(k))((sum(n // 16 for n in ns), 1, 1), BLOCK, g.to_gpu(table), np.int32(len(ns)),
+                               g.to_gpu(ac), g.to_gpu(asc))
     for i, (y, want) in enumerate(zip(ys, ref_wxay.wxay_split(ac, asc, weights))):
         assert_bf16_close(g.fetch(y, f"split {i}")[None], want, f"split {i}", 0.999)
 
 
 # ------------------------------------------------------------------ w8a8_act_quant
 
-@pytest.mark.parametrize("k", [4096, 12288, 18432, 2176, 520])
+@pytest.mark.parametrize("k", W8A8_KS)
 def test_w8a8_act_quant(k):
     g = _gpu()
     m = 3
     x = bf16_input((m, k), 3.0)
     x[1] = 0.0
-    mod = _module(w8a8_src(k), f"w8a8_{k}")
     xd = g.to_gpu(bf16_bits(x))
     q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
-    mod.get_function("qrow")(xd.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    launcher(ki.w8a8_quant(k, "row"))((m, 1, 1), BLOCK, xd, q, s)
     wq, ws = ref_w8a8.quant_row(x)
     assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), "per-token"
     if k % 128 == 0:
         q, s = g.poisoned((m, k), np.uint8), g.poisoned((m, k // 128), np.float32)
-        mod.get_function("qg")(xd.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+        launcher(ki.w8a8_quant(k, "g128"))((m, 1, 1), BLOCK, xd, q, s)
         wq, ws = ref_w8a8.quant_g128(x)
         assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), "g128"
 
@@ -329,20 +300,19 @@ def _e4m3_close(got, want, what):
     assert np.mean(d == 0) >= 0.99, f"{what}: only {np.mean(d == 0):.4f} identical"
 
 
-@pytest.mark.parametrize("k", [2048, 6144, 2176])
+@pytest.mark.parametrize("k", W8A8_SILU_KS)
 def test_w8a8_act_quant_silu(k):
     g = _gpu()
     m = 2
     gate, up = bf16_input((m, k), 3.0), bf16_input((m, k))
-    mod = _module(w8a8_src(k), f"w8a8_{k}")
     gd, ud = g.to_gpu(bf16_bits(gate)), g.to_gpu(bf16_bits(up))
     q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
-    mod.get_function("qsrow")(gd.gpudata, ud.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    launcher(ki.w8a8_quant(k, "silu_row"))((m, 1, 1), BLOCK, gd, ud, q, s)
     wq, ws = ref_w8a8.quant_silu_row(gate, up)
     _e4m3_close(g.fetch(q), wq, "silu row")
     assert np.allclose(g.fetch(s), ws, rtol=2 ** -7, atol=0), "silu row scale"  # max moves <= 1 bf16 ulp
     q, s = g.poisoned((m, k), np.uint8), g.poisoned((m, k // 128), np.float32)
-    mod.get_function("qsg")(gd.gpudata, ud.gpudata, q.gpudata, s.gpudata, block=(256, 1, 1), grid=(m, 1))
+    launcher(ki.w8a8_quant(k, "silu_g128"))((m, 1, 1), BLOCK, gd, ud, q, s)
     wq, ws = ref_w8a8.quant_silu_g128(gate, up)
     _e4m3_close(g.fetch(q), wq, "silu g128")
     assert np.allclose(g.fetch(s), ws, rtol=2 ** -7, atol=0), "silu g128 scale"

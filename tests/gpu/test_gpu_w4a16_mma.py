@@ -21,21 +21,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families._projection import BLOCK
 from kbpc.reference import gemv_bounds
 from kbpc.reference import w4a16_gemv as ref_w4a16
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, to_bf16
+from kbpc.testing import instances as ki
+from kbpc.testing.launchers import launcher
 
-from test_gpu_projections import (RNG, _gpu, _module, assert_bf16_equal, bf16_input, nvfp4_weight,
-                                  run_w4a16_segments)
+from test_gpu_projections import RNG, _gpu, assert_bf16_equal, bf16_input, nvfp4_weight, run_w4a16_segments
 
 pytestmark = pytest.mark.gpu
 
 
-def mma_src(k, ks, t):
-    return f"""#include "w4a16_mma.cuh"
-extern "C" __global__ void __launch_bounds__({32 * ks * t}) m(const uint8_t* c, const uint8_t* s, float g, const __nv_bfloat16* x, __nv_bfloat16* y, int N) {{ kbp::w4a16_mma_dev<{k}, {ks}, {t}>(c, s, g, x, y, N); }}
-extern "C" __global__ void __launch_bounds__({32 * ks * t}) mseg(const kbp::W4A16Seg* tab, int n, const __nv_bfloat16* x) {{ kbp::w4a16_mma_seg_dev<{k}, {ks}, {t}>(tab, n, x); }}
-"""
+# K % 128 in {0, 32, 64, 96} (tail chunks), N not a multiple of 16 * T, every KS and several T.
+MMA_SHAPES = [(8192, 4096, 4, 2), (4096, 8192, 8, 1), (48, 2176, 2, 2), (3, 32, 1, 1), (37, 1056, 4, 1),
+              (129, 4160, 16, 1), (200, 96, 2, 4), (64, 20480, 8, 2)]
+RANGE_SHAPE = (96, 1024, 4, 1)   # (n, k, ks, t) of the activation-range test
+MMA_SEGMENTS = [(4096, (8192, 8192, 8192, 128, 64, 128), 4, 2), (2176, (48, 4, 17), 2, 1)]
+BIG_SHAPE = (40, 2048)           # (n, k) of the exact chunk walk's big-activation test
+
+
+def instances():
+    """Every kernel instance this module launches with fixed sizes (tests/nvcc/test_gpu_test_instances.py
+    builds them; the product-launcher test takes the tiny example's own)."""
+    out = [ki.w4a16_mma(k, ks, t) for _, k, ks, t in (*MMA_SHAPES, RANGE_SHAPE)]
+    out += [ki.w4a16_mma_seg_list(k, ks, t, len(ns)) for k, ns, ks, t in MMA_SEGMENTS]
+    return out + [ki.w4a16(BIG_SHAPE[1])]
 
 
 def ctas(n, t):
@@ -60,17 +71,13 @@ def assert_fast_bound(got_bits, x, weight, ks, what):
 def _run_mma(n, k, ks, t, x, weight):
     g = _gpu()
     packed, scales, sg = weight
-    mod = _module(mma_src(k, ks, t), f"w4a16_mma_{k}_{ks}_{t}")
     y = g.poisoned((n,), np.uint16)
-    mod.get_function("m")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
-                          g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
-                          block=(32 * ks * t, 1, 1), grid=(ctas(n, t), 1))
+    launcher(ki.w4a16_mma(k, ks, t))((ctas(n, t), 1, 1), (32 * ks * t, 1, 1), g.to_gpu(packed), g.to_gpu(scales),
+                                     np.float32(sg), g.to_gpu(bf16_bits(x)), y, np.int32(n))
     return g.fetch(y)
 
 
-# K % 128 in {0, 32, 64, 96} (tail chunks), N not a multiple of 16 * T, every KS and several T.
-@pytest.mark.parametrize("n,k,ks,t", [(8192, 4096, 4, 2), (4096, 8192, 8, 1), (48, 2176, 2, 2), (3, 32, 1, 1),
-                                      (37, 1056, 4, 1), (129, 4160, 16, 1), (200, 96, 2, 4), (64, 20480, 8, 2)])
+@pytest.mark.parametrize("n,k,ks,t", MMA_SHAPES)
 def test_w4a16_mma(n, k, ks, t):
     weight = nvfp4_weight(n, k)
     x = bf16_input((k,))
@@ -81,19 +88,19 @@ def test_w4a16_mma(n, k, ks, t):
 def test_w4a16_mma_activation_range(scale):
     """The per-CTA power-of-two scaling: tiny, FP16-overflowing and huge activations, and all zeros;
     plus one element far below the rest (rounded in FP16: the middle term of the bound)."""
-    n, k = 96, 1024
+    n, k, ks, t = RANGE_SHAPE
     weight = nvfp4_weight(n, k)
     x = bf16_input((k,), scale) if scale else np.zeros(k, np.float32)
     x[7] = to_bf16(np.float32(scale * 1e-12))
-    assert_fast_bound(_run_mma(n, k, 4, 1, x, weight), x, weight, 4, f"w4a16_mma x*{scale}")
+    assert_fast_bound(_run_mma(n, k, ks, t, x, weight), x, weight, ks, f"w4a16_mma x*{scale}")
 
 
-@pytest.mark.parametrize("k,ns,ks,t", [(4096, (8192, 8192, 8192, 128, 64, 128), 4, 2), (2176, (48, 4, 17), 2, 1)])
+@pytest.mark.parametrize("k,ns,ks,t", MMA_SEGMENTS)
 def test_w4a16_mma_segments(k, ns, ks, t):
+    """The segment table by value (W4A16SegList, as the fast lowering launches it)."""
     g = _gpu()
-    mod = _module(mma_src(k, ks, t), f"w4a16_mma_{k}_{ks}_{t}")
-    x, weights, ys = run_w4a16_segments(mod.get_function("mseg"), ns, k, (32 * ks * t, 1, 1),
-                                        (sum(ctas(n, t) for n in ns), 1))
+    x, weights, ys = run_w4a16_segments(ki.w4a16_mma_seg_list(k, ks, t, len(ns)), ns, k, (32 * ks * t, 1, 1),
+                                        (sum(ctas(n, t) for n in ns), 1, 1))
     for i, (y, w) in enumerate(zip(ys, weights)):
         assert_fast_bound(g.fetch(y, f"segment {i}"), x, w, ks, f"segment {i}")
 
@@ -101,19 +108,16 @@ def test_w4a16_mma_segments(k, ns, ks, t):
 def test_w4a16_exact_big_activations():
     """The exact chunk walk's slow decode (taken when some |x_k| >= 2^113, where x * 2^14 would
     overflow) and its fast decode on the same weight: both bit-exact."""
-    from test_gpu_projections import w4a16_src  # noqa: PLC0415
     g = _gpu()
-    n, k = 40, 2048
+    n, k = BIG_SHAPE
     packed, scales, sg = nvfp4_weight(n, k)
-    mod = _module(w4a16_src(k), f"w4a16_{k}")
     for big in (False, True):
         x = bf16_input((k,), 1e-3)
         if big:
             x[RNG.integers(k)] = to_bf16(np.float32(2.0 ** 114))
         y = g.poisoned((n,), np.uint16)
-        mod.get_function("w4")(g.to_gpu(packed).gpudata, g.to_gpu(scales).gpudata, np.float32(sg),
-                               g.to_gpu(bf16_bits(x)).gpudata, y.gpudata, np.int32(n),
-                               block=(256, 1, 1), grid=((n + 15) // 16, 1))
+        launcher(ki.w4a16(k))(((n + 15) // 16, 1, 1), BLOCK, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
+                              g.to_gpu(bf16_bits(x)), y, np.int32(n))
         assert_bf16_equal(g.fetch(y), ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0],
                           f"w4a16_gemv big={big}")
 
@@ -123,7 +127,6 @@ def test_w4a16_mma_through_the_product_launcher(tiny_path, pdl):
     """The instance, grid and block the fast lowering picks for the tiny example's one-linear
     groups, run through the product's launcher (kbpc.testing.launchers), with and without PDL."""
     from kbpc.codegen.families import w4a16_gemv as lower_w4a16  # noqa: PLC0415
-    from kbpc.testing.launchers import launcher  # noqa: PLC0415
     from kbpc.testing.lowering import family_groups, planned  # noqa: PLC0415
     g = _gpu()
     plan, ctx = planned(str(tiny_path), numerics="fast")
