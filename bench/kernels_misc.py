@@ -3,9 +3,14 @@ glm_router_topk, glm_swiglu_clamp, glm_moe_combine, embed_copy) at the seed's sh
 4096, mix rows 24, 288 experts top 8, moe_inter 2048, one token. See bench/kernels.py.
 
 The hyper-connection boundary (post-mix of one site + pre-mix and RMSNorm of the next) has a
-budget of 4 us; it is timed as the two kernels back to back, as the 24-CTA FUSE_POST form, and as
-the one-launch hc_boundary (glm_mhc_boundary.cuh) the lowering uses, at several CTA shapes and with
-the gates + Sinkhorn left to a side stream; the head + final norm likewise.
+budget of 4 us; it is timed as the two kernels back to back, as the 24-CTA FUSE_POST form, as the
+last-CTA one-launch form it had (glm_mhc_boundary_lastcta.cuh, "hc_boundary_lastcta"), and as the
+hc_boundary (glm_mhc_boundary.cuh) the lowering uses now (producers + two tail CTAs, hand-off
+slots), at several CTA shapes, with the gates + Sinkhorn left to a side stream, and with the MoE
+combine in front (the blend kernel + boundary as two launches beside the fused form). Plain
+launches expose the Phi load that PDL hides in the step, so the seed-shape forms are also timed
+through the product launcher with PDL, back to back (each launch's Phi load overlapping the previous
+launch, as in the step): "PDL" in the name. The head + final norm likewise.
 
 The MoE router (fusion rule router_gemv_topk) is timed as the fused router_gemv_topk and as the two
 launches it replaces (the dense_bf16 GEMV, then router_topk), both through the product's launchers
@@ -26,20 +31,35 @@ _PRE_TAIL = ("const __nv_bfloat16* phi, const float* alpha, const float* beta, c
              "__nv_bfloat16* collapsed, __nv_bfloat16* normed, float* post, float* comb")
 _PRE_FIELDS = "phi, alpha, beta, gamma, eps_n, eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb"
 
-BOUNDARY_RPC = (2, 3, 4, 5)  # chains (warps) per CTA of the fused boundary: 104, 72, 56, 40 CTAs
+BOUNDARY_RPC = (2, 3, 4, 5)  # chains (warps) per CTA of the fused boundary: 104, 72, 56, 40 producers
+SLOTS = ROWS + 2             # kbp::mhc::boundary_slots(N): hand-off slot rows of the new boundary
 HEAD_THREADS = min(1024, D // 2)  # kbpc.reference.rms_norm.block_threads(D)
 
 
 def _boundary_wrappers() -> str:
-    """b_bd<src>_<rpc>: the fused boundary (kernels/glm_mhc_boundary.cuh); b_hn<post>: head + final norm."""
+    """b_old<src>_<rpc>: the last-CTA boundary (glm_mhc_boundary_lastcta.cuh); b_bd<src>_<rpc>: the
+    boundary the lowering uses; b_bdc_<rpc>: the same with the MoE combine in front (top TOPK);
+    b_hn<post>: head + final norm."""
     out = []
-    for src, rpcs in ((0, (4,)), (1, BOUNDARY_RPC), (2, (4,))):
-        for rpc in rpcs:
-            out.append(f"""extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_bd{src}_{rpc}(
+    for name, body, rpcs in (("old", "hc_boundary_lastcta_body<{N}, {D}, 1, 1, {rpc}>", (4,)),
+                             ("bd", "hc_boundary_body<{N}, {D}, {src}, 1, 0, {rpc}>", None)):
+        for src, src_rpcs in ((0, (4,)), (1, rpcs or BOUNDARY_RPC), (2, (4,))):
+            if name == "old" and src != 1:
+                continue
+            for rpc in src_rpcs:
+                call = body.format(N=N, D=D, src=src, rpc=rpc)
+                out.append(f"""extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_{name}{src}_{rpc}(
     const float* x, const __nv_bfloat16* h, const __nv_bfloat16* u, const float* post_in, const float* comb_in,
-    float* x_out, {_PRE_TAIL}, float* work) {{
+    float* x_out, {_PRE_TAIL}, unsigned int* work) {{
   const PreParams<{N}, 1> p{{x, {{{{u}}}}, post_in, comb_in, x_out, {_PRE_FIELDS}, h, work}};
-  hc_boundary_body<{N}, {D}, {src}, 1, {rpc}>(p); }}""")
+  {call}(p); }}""")
+    for rpc in (4,):
+        out.append(f"""extern "C" __global__ void __launch_bounds__({PRE_THREADS}, 1) b_bdc_{rpc}(
+    const float* x, const float* w, const __nv_bfloat16* e, const __nv_bfloat16* sh, const float* post_in,
+    const float* comb_in, float* x_out, {_PRE_TAIL}, unsigned int* work) {{
+  const PreParams<{N}, 1, {TOPK}> p{{x, {{w, nullptr, nullptr, e, sh}}, post_in, comb_in, x_out, {_PRE_FIELDS},
+                                 nullptr, work}};
+  hc_boundary_body<{N}, {D}, 1, 1, {TOPK}, {rpc}>(p); }}""")
     for post in (0, 1):
         out.append(f"""extern "C" __global__ void __launch_bounds__({HEAD_THREADS}) b_hn{post}(const float* x,
     const __nv_bfloat16* u, const float* post_in, const float* comb_in, const __nv_bfloat16* gamma,
@@ -53,6 +73,7 @@ def _boundary_wrappers() -> str:
 SOURCE = f"""
 #include "glm_mhc.cuh"
 #include "glm_mhc_boundary.cuh"
+#include "glm_mhc_boundary_lastcta.cuh"
 #include "glm_router_topk.cuh"
 #include "glm_swiglu_clamp.cuh"
 #include "glm_moe_combine.cuh"
@@ -115,7 +136,10 @@ class _PreState:
         self.comb_in = _gpu(np.full((N, N), 1.0 / N, F32))
         self.small = [_gpu(np.ones(3, F32)), _gpu(np.zeros(ROWS, F32)), _gpu(_bf16(rng, D))]
         self.mix, self.counters = _gpu(np.zeros(ROWS, F32)), _gpu(np.zeros(1, np.uint32))
-        self.work = _gpu(np.zeros((ROWS + 1) * 128, F32))  # the fused boundary's partial sums
+        self.work = _gpu(np.zeros(SLOTS * 128, np.uint32))  # the boundary's hand-off slots (zero)
+        self.w = _gpu(np.full(TOPK, 2.5 / TOPK, F32))       # a MoE combine in front: router weights,
+        self.experts = _gpu(_bf16(rng, (TOPK, D)))          # the routed rows, the shared row
+        self.shared = _gpu(_bf16(rng, D))
         self.hs = [_gpu(_bf16(rng, D)) for _ in range(self.n)]
         self.normed, self.post = _gpu(np.zeros(D, np.uint16)), _gpu(np.zeros(N, F32))
         self.comb = _gpu(np.zeros((N, N), F32))
@@ -188,31 +212,112 @@ def _fused_boundary_case() -> Case:
                 setup)
 
 
-def _boundary_launch(f, st, i, src: int, side_gates: bool = False):
+def _boundary_ctas(rpc: int, tails: int = 2) -> int:
+    """Producers (8 column groups x the chains in groups of rpc), then the tails (0: the last-CTA form)."""
+    return 8 * -(-(ROWS + 1) // rpc) + tails
+
+
+def _boundary_launch(f, st, i, src: int, side_gates: bool = False, tails: int = 2):
     tail = st.tail(i)
     if side_gates:
         tail[-1] = np.uintp(0)  # comb = nullptr: hc_gates on a side stream
     x_out = st.x_out[i % st.n] if src else np.uintp(0)
     f(st.xs[i % st.n], st.hs[i % st.n], st.u, st.post_in, st.comb_in, x_out, *tail, st.work,
-      block=(PRE_THREADS, 1, 1), grid=(8 * -(-(ROWS + 1) // st.rpc), 1))
+      block=(PRE_THREADS, 1, 1), grid=(_boundary_ctas(st.rpc, tails), 1))
+
+
+def _combine_boundary_launch(f, st, i):
+    f(st.xs[i % st.n], st.w, st.experts, st.shared, st.post_in, st.comb_in, st.x_out[i % st.n], *st.tail(i),
+      st.work, block=(PRE_THREADS, 1, 1), grid=(_boundary_ctas(st.rpc), 1))
+
+
+_FUSED = _PRE_BYTES + N * D * 4 + D * 2
+_COMBINE = TOPK * D * 2 + D * 2 + TOPK * 4  # what the combine reads instead of u (D * 2)
 
 
 def _fused_boundary_cases() -> list[Case]:
-    """kernels/glm_mhc_boundary.cuh: one launch per boundary, at several CTA shapes."""
-    def make(src: int, rpc: int, side_gates: bool = False):
+    """kernels/glm_mhc_boundary.cuh: one launch per boundary, at several CTA shapes; the last-CTA form
+    it replaced; the MoE combine in front (fused, and as the blend kernel + boundary)."""
+    def make(name: str, src: int, rpc: int, side_gates: bool = False):
         def setup():
-            f, st = _mod().get_function(f"b_bd{src}_{rpc}"), _PreState(src != 0)
+            f, st = _mod().get_function(f"b_{name}{src}_{rpc}"), _PreState(src != 0)
             st.rpc = rpc
-            return lambda i: _boundary_launch(f, st, i, src, side_gates)
+            return lambda i: _boundary_launch(f, st, i, src, side_gates, 0 if name == "old" else 2)
         return setup
-    ctas = {r: 8 * -(-(ROWS + 1) // r) for r in BOUNDARY_RPC}
-    fused = _PRE_BYTES + N * D * 4 + D * 2
-    cases = [Case(f"glm_mhc::hc_boundary post+pre_norm {ctas[r]} CTAs", "budget 4 us", fused, make(1, r))
-             for r in BOUNDARY_RPC]
+
+    def combined(two_launches: bool):
+        def setup():
+            mod, st = _mod(), _PreState(True)
+            st.rpc = 4
+            if not two_launches:
+                f = mod.get_function("b_bdc_4")
+                return lambda i: _combine_boundary_launch(f, st, i)
+            blend, f = mod.get_function("b_combine"), mod.get_function("b_bd1_4")
+
+            def launch(i):
+                blend(st.w, np.uintp(0), st.experts, st.shared, st.u, block=(64, 1, 1), grid=(D // (64 * 8), 1))
+                _boundary_launch(f, st, i, 1)
+            return launch
+        return setup
+    cases = [Case(f"glm_mhc::hc_boundary_lastcta post+pre_norm {_boundary_ctas(4, 0)} CTAs", "before; budget 4 us",
+                  _FUSED, make("old", 1, 4))]
+    cases += [Case(f"glm_mhc::hc_boundary post+pre_norm {_boundary_ctas(r)} CTAs", "budget 4 us", _FUSED,
+                   make("bd", 1, r)) for r in BOUNDARY_RPC]
     return cases + [
-        Case("glm_mhc::hc_boundary post+pre_norm, side gates", "56 CTAs, + hc_gates", fused, make(1, 4, True)),
-        Case("glm_mhc::hc_boundary expand+pre_norm", "56 CTAs", _PRE_BYTES + N * D * 4, make(2, 4)),
-        Case("glm_mhc::hc_boundary pre_norm", "56 CTAs", _PRE_BYTES, make(0, 4))]
+        Case("glm_mhc::hc_boundary post+pre_norm, side gates", "58 CTAs, + hc_gates", _FUSED, make("bd", 1, 4, True)),
+        Case("glm_mhc::hc_boundary expand+pre_norm", "58 CTAs", _PRE_BYTES + N * D * 4, make("bd", 2, 4)),
+        Case("glm_mhc::hc_boundary pre_norm", "58 CTAs", _PRE_BYTES, make("bd", 0, 4)),
+        Case("glm_mhc::hc_boundary combine+post+pre_norm", f"58 CTAs, top {TOPK}", _FUSED - D * 2 + _COMBINE,
+             combined(False)),
+        Case("glm_moe_combine + glm_mhc::hc_boundary (2 launches)", f"top {TOPK}", _FUSED + _COMBINE + D * 2,
+             combined(True))]
+
+
+def _pdl_boundary_cases() -> list[Case]:
+    """The seed-shape boundaries through the product launcher (kbpc.testing.launchers) with PDL, back
+    to back: each launch's Phi load overlaps the previous launch, as in the step; the last-CTA form
+    beside the current one, without and with the combine in front."""
+    def make(form: str):
+        def setup():
+            from kbpc.codegen.families import glm_mhc as lower  # noqa: PLC0415
+            from kbpc.codegen.families.glm_moe_combine import PARAMS as BLEND_PARAMS  # noqa: PLC0415
+            from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
+            from kbpc.testing.launchers import launcher  # noqa: PLC0415
+            from kbpc.testing.structs import pack_struct  # noqa: PLC0415
+            st = _PreState(True)
+            k = TOPK if form == "combine" else 0
+            if form == "old":
+                inst = KernelInstance("glm_mhc", "glm_mhc_boundary_lastcta.cuh",
+                                      f"kbp::mhc::hc_boundary_lastcta<{N}, {D}, 1, 1, 4>",
+                                      (f"kbp::mhc::PreParams<{N}, 1, 0>",))
+                grid = (_boundary_ctas(4, 0), 1, 1)
+            else:
+                inst, grid = lower.boundary_instance(N, D, 1, 1, 4, slots=k), lower.boundary_grid(N, 1, 4)
+            run = launcher(inst)
+            branch = ([("ptr", st.w), ("ptr", None), ("ptr", None), ("ptr", st.experts), ("ptr", st.shared)] if k
+                      else [("ptr", st.u)])
+            params = [pack_struct([("ptr", st.xs[j]), *branch, ("ptr", st.post_in), ("ptr", st.comb_in),
+                                   ("ptr", st.x_out[j]), ("ptr", st.phis[j]), ("ptr", st.small[0]),
+                                   ("ptr", st.small[1]), ("ptr", st.small[2]), ("f32", 1e-6), ("f32", 1e-6),
+                                   ("f32", 1e-5), ("i32", 20), ("ptr", st.mix), ("ptr", st.counters), ("ptr", None),
+                                   ("ptr", st.normed), ("ptr", st.post), ("ptr", st.comb), ("ptr", None),
+                                   ("ptr", st.work)]) for j in range(st.n)]
+            blend = launcher(KernelInstance("glm_moe_combine", "glm_moe_combine.cuh",
+                                            f"kbp::moe_combine<{D}, {TOPK}, 8>", BLEND_PARAMS))
+
+            def launch(i):
+                if form == "two":
+                    blend((D // (64 * 8), 1, 1), (64, 1, 1), st.w, None, None, st.experts, st.shared, st.u,
+                          pdl=True, sync=False)
+                run(grid, (PRE_THREADS, 1, 1), params[i % st.n], pdl=True, sync=False)
+            return launch
+        return setup
+    return [Case("glm_mhc::hc_boundary_lastcta post+pre_norm, PDL", "before; 56 CTAs", _FUSED, make("old")),
+            Case("glm_mhc::hc_boundary post+pre_norm, PDL", "58 CTAs", _FUSED, make("new")),
+            Case("glm_mhc::hc_boundary combine+post+pre_norm, PDL", f"top {TOPK}", _FUSED - D * 2 + _COMBINE,
+                 make("combine")),
+            Case("glm_moe_combine + glm_mhc::hc_boundary, PDL", f"2 launches, top {TOPK}", _FUSED + _COMBINE + D * 2,
+                 make("two"))]
 
 
 def _head_norm_cases() -> list[Case]:
@@ -346,5 +451,5 @@ def _embed_case() -> Case:
 
 
 CASES = [_pre_case(), *_pre_side_gates_cases(), _post_case(), _boundary_case(), _fused_boundary_case(),
-         *_fused_boundary_cases(), *_expand_head_cases(), *_head_norm_cases(),
+         *_fused_boundary_cases(), *_pdl_boundary_cases(), *_expand_head_cases(), *_head_norm_cases(),
          _router_case(), *_router_gemv_cases(), _swiglu_case(), _combine_case(), _embed_case()]

@@ -34,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "glm_moe_combine.cuh"
 #include "kbp_common.cuh"
 #include "kbp_transcendental.cuh"
 
@@ -60,6 +61,33 @@ __device__ __forceinline__ float rank_sum(const RankParts<R>& parts, size_t idx)
     for (int r = 1; r < R; ++r) s = s + bf16_to_f32(parts.p[r][idx]);
     return round_bf16(s);
 }
+
+// The sublayer output u a post-mix adds, at columns k0 .. k0+VEC-1 of token t (row width d): the
+// rank sum of R BF16 partials, or (MoeCombineIn<K>, R == 1) the MoE combine of K routed slots and
+// the shared expert computed in place, rn_bf16 of moe_combine_sums (glm_moe_combine.cuh): the
+// bytes the blend would have stored, widened.
+template <int VEC, int R>
+__device__ __forceinline__ void branch_u(const RankParts<R>& b, int d, size_t t, int k0, float (&u)[VEC]) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) u[v] = rank_sum<R>(b, t * d + k0 + v);
+}
+template <int VEC, int K>
+__device__ __forceinline__ void branch_u(const MoeCombineIn<K>& b, int d, size_t t, int k0, float (&u)[VEC]) {
+    moe_combine_sums<K, VEC>(b, d, t, k0, u);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) u[v] = round_bf16(u[v]);
+}
+
+// The post-mix branch of a params struct: R rank partials (K == 0) or a fused MoE combine of K slots.
+template <int R, int K>
+struct BranchOf {
+    static_assert(R == 1, "a fused MoE combine is one rank's output");
+    using type = MoeCombineIn<K>;
+};
+template <int R>
+struct BranchOf<R, 0> {
+    using type = RankParts<R>;
+};
 
 // The 256-wide tree over N < 256 live terms: the levels above pow2_ceil(N) add +0 to each term
 // (turning -0 into +0), then the halving tree over the zero-padded terms.
@@ -211,10 +239,11 @@ __global__ void hc_head(const float* __restrict__ x, __nv_bfloat16* __restrict__
 
 // ------------------------------------------------------------------ fused pre-mix + site norm
 
-template <int N, int R>
+template <int N, int R, int K = 0>
 struct PreParams {
     const float* x;                    // [m][N*D] streams (FUSE_POST: the streams before the post-mix)
-    RankParts<R> parts;                // FUSE_POST: partial sublayer outputs [m][D] per rank
+    typename BranchOf<R, K>::type parts;  // FUSE_POST: [m][D] partial sublayer outputs per rank, or the
+                                       // operands of the MoE combine that produces u (K slots)
     const float* post_in;              // FUSE_POST: [m][N] the previous site's post gates
     const float* comb_in;              // FUSE_POST: [m][N*N] the previous site's comb
     float* x_out;                      // FUSE_POST: [m][N*D] the new streams (must not alias x)
@@ -232,7 +261,7 @@ struct PreParams {
     float* comb;                       // [m][N*N], or nullptr: no gates here (hc_gates elsewhere)
     // The boundary form (glm_mhc_boundary.cuh) only; hc_pre_norm ignores them:
     const __nv_bfloat16* h;            // kSrcExpand: [m][D] the BF16 embedding row the streams start as
-    float* work;                       // [m][(2+N)N+1][128] partial sums after the first tree level
+    unsigned int* work;                // [m][(2+N)N+2][128] hand-off slots of the partial sums (zero)
 };
 
 // Where a pre-mix's streams come from: read as they are, produced by the previous site's post-mix
@@ -240,10 +269,9 @@ struct PreParams {
 enum StreamSource : int { kSrcStreams = 0, kSrcPost = 1, kSrcExpand = 2 };
 
 // The N stream values at column k of token t, from the source SRC (pin, cin: kSrcPost's gates).
-template <int N, int D, int SRC, int R>
-__device__ __forceinline__ void stream_column(const PreParams<N, R>& p, size_t t, int k,
-                                              const float (&pin)[N], const float (&cin)[N * N],
-                                              float (&out)[N]) {
+template <int N, int D, int SRC, class P>
+__device__ __forceinline__ void stream_column(const P& p, size_t t, int k, const float (&pin)[N],
+                                              const float (&cin)[N * N], float (&out)[N]) {
     if constexpr (SRC == kSrcExpand) {
         const float hv = bf16_to_f32(__ldg(p.h + t * D + k));
 #pragma unroll
@@ -253,7 +281,9 @@ __device__ __forceinline__ void stream_column(const PreParams<N, R>& p, size_t t
 #pragma unroll
         for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
         if constexpr (SRC == kSrcPost) {
-            post_mix_column<N>(xc, rank_sum<R>(p.parts, t * D + k), pin, cin, out);
+            float u[1];
+            branch_u<1>(p.parts, D, t, k, u);
+            post_mix_column<N>(xc, u[0], pin, cin, out);
         } else {
 #pragma unroll
             for (int i = 0; i < N; ++i) out[i] = xc[i];
@@ -338,8 +368,8 @@ __device__ __forceinline__ float tree256_all(float partial, float* red, float* t
 
 // Tail, tree threads: collapse with the pre gates, site RMSNorm, stores. stream(i, q, k) = x_i[k]
 // for column k = tid + 256 q; ab = [alpha (3); beta] in shared memory.
-template <int N, int D, int R, typename Stream>
-__device__ __forceinline__ void collapse_norm(const PreParams<N, R>& p, const float* mu, const float* ab,
+template <int N, int D, class P, typename Stream>
+__device__ __forceinline__ void collapse_norm(const P& p, const float* mu, const float* ab,
                                               size_t t, int tid,
                                               const float (&gam)[(D + kTreeThreads - 1) / kTreeThreads],
                                               float* red, float* total, Stream stream) {
@@ -426,7 +456,7 @@ __device__ __forceinline__ void mix_partials(const PreParams<N, R>& p, size_t t,
             float pw = 0.0f, sq = 0.0f;
             if (f < ND) {
                 float v[N];
-                stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, f % D, pin, cin, v);
+                stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams>(p, t, f % D, pin, cin, v);
                 const float xv = v[f / D];
                 pw = xv * bf16_to_f32(__ldg(w + f));
                 sq = xv * xv;
@@ -494,12 +524,12 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
     }
     if constexpr (kCache) {
         constexpr int QD = D / kTreeThreads;
-        collapse_norm<N, D, R>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total,
-                               [&](int i, int q, int) { return xr[i * QD + q]; });
+        collapse_norm<N, D>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total,
+                            [&](int i, int q, int) { return xr[i * QD + q]; });
     } else {
-        collapse_norm<N, D, R>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total, [&](int i, int, int k) {
+        collapse_norm<N, D>(p, s_mu, s_ab, t, tid, gam, red[0], &s_total, [&](int i, int, int k) {
             float v[N];
-            stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams, R>(p, t, k, pin, cin, v);
+            stream_column<N, D, FUSE_POST ? kSrcPost : kSrcStreams>(p, t, k, pin, cin, v);
             return v[i];
         });
     }

@@ -10,7 +10,8 @@
 //     grid (ceil(D / (block*VEC)), m), any block size; D % VEC == 0, rows 2*VEC-byte aligned.
 // Math (kbpc.reference.glm_moe_combine; FP32, no FMA contraction)
 //   acc = +0; for each live slot in slot order: acc = fl(acc + fl(w * e)); y = rn_bf16(acc + sh).
-//   VEC (8 = 16-byte loads) changes only the access width, never the bytes.
+//   VEC (8 = 16-byte loads) changes only the access width, never the bytes. moe_combine_sums is
+//   that math for VEC elements; the fused hyper-connection boundary calls it too.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +24,38 @@ namespace kbp {
 template <int VEC>
 struct alignas(2 * VEC) CombineBF16Vec { __nv_bfloat16 v[VEC]; };
 
+// The combine's operands for one launch or one fused consumer (kernels/glm_mhc_boundary.cuh runs the
+// combine of the elements it needs as its prologue).
+template <int K>
+struct MoeCombineIn {
+    const float* weights;                 // [m][K] router weights (routed scale included)
+    const int* ids;                       // [m][K] expert ids or nullptr (id < 0: slot skipped)
+    const int* slot_rows;                 // [m][K] expert_out row of each slot, or nullptr (row t*K + k)
+    const __nv_bfloat16* expert_out;      // [rows][D]
+    const __nv_bfloat16* shared;          // [m][D] the shared expert's output
+};
+
+// The FP32 value the combine rounds, at elements i0 .. i0+VEC-1 of token t (row width d):
+// acc = +0; acc = fl(acc + fl(w * e)) over the live slots in slot order; acc + sh. y = rn_bf16 of it.
+template <int K, int VEC>
+__device__ __forceinline__ void moe_combine_sums(const MoeCombineIn<K>& in, int d, size_t t, int i0,
+                                                 float (&out)[VEC]) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        if (in.ids != nullptr && in.ids[t * K + k] < 0) continue;
+        const float w = in.weights[t * K + k];
+        const size_t row = in.slot_rows != nullptr ? (size_t)in.slot_rows[t * K + k] : t * K + k;
+        const auto e = *reinterpret_cast<const CombineBF16Vec<VEC>*>(in.expert_out + row * d + i0);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = out[v] + w * bf16_to_f32(e.v[v]);
+    }
+    const auto sh = *reinterpret_cast<const CombineBF16Vec<VEC>*>(in.shared + t * d + i0);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = out[v] + bf16_to_f32(sh.v[v]);
+}
+
 template <int D, int K, int VEC>
 __device__ __forceinline__ void moe_combine_body(const float* __restrict__ weights, const int* __restrict__ ids,
                                                  const int* __restrict__ slot_rows,
@@ -34,21 +67,10 @@ __device__ __forceinline__ void moe_combine_body(const float* __restrict__ weigh
     if (i0 >= D) return;
     const size_t t = blockIdx.y;
     float acc[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        if (ids != nullptr && ids[t * K + k] < 0) continue;
-        const float w = weights[t * K + k];
-        const size_t row = slot_rows != nullptr ? (size_t)slot_rows[t * K + k] : t * K + k;
-        const auto e = *reinterpret_cast<const CombineBF16Vec<VEC>*>(expert_out + row * D + i0);
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[v] = acc[v] + w * bf16_to_f32(e.v[v]);
-    }
-    const auto sh = *reinterpret_cast<const CombineBF16Vec<VEC>*>(shared + t * D + i0);
+    moe_combine_sums<K, VEC>(MoeCombineIn<K>{weights, ids, slot_rows, expert_out, shared}, D, t, i0, acc);
     CombineBF16Vec<VEC> o;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) o.v[v] = f32_to_bf16(acc[v] + bf16_to_f32(sh.v[v]));
+    for (int v = 0; v < VEC; ++v) o.v[v] = f32_to_bf16(acc[v]);
     *reinterpret_cast<CombineBF16Vec<VEC>*>(y + t * D + i0) = o;
 }
 

@@ -45,11 +45,12 @@ HC_LEVEL1 = 128
 
 
 def hc_pre_state(pre: Node, rows: int, mix_width: int) -> tuple[StateBuffer, StateBuffer]:
-    """The fused pre-mix's arrival counters (zero between launches) and its partial sums: per row,
-    the mix rows and the stream sum of squares, HC_LEVEL1 values each (scratch of one launch)."""
-    sums = mix_width + 1
+    """The fused pre-mix's per-row counters and its partial-sum hand-off slots: per row, the mix rows
+    and the stream sum of squares twice (one copy per tail CTA), HC_LEVEL1 32-bit slots each. Both
+    are zero between launches (kernels/glm_mhc_boundary.cuh re-arms them)."""
+    slots = mix_width + 2
     return (StateBuffer(f"{pre.id}.counters", rows * 4, (rows,), "i32"),
-            StateBuffer(f"{pre.id}.work", rows * sums * HC_LEVEL1 * 4, (rows, sums, HC_LEVEL1), "f32"))
+            StateBuffer(f"{pre.id}.work", rows * slots * HC_LEVEL1 * 4, (rows, slots, HC_LEVEL1), "i32"))
 
 
 def _hc_pre(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:

@@ -68,6 +68,18 @@ def _swiglu_feeds_down_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     return None
 
 
+def _blend_feeds_post_only(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The blend's output is read by the merged post-mix and by nothing else: the fused kernel
+    computes it in place and never stores it."""
+    blend = next(n for n in nodes if n.op == "blend")
+    post = next(n for n in nodes if n.op == "hc_post")
+    readers = {t.dst for t in bp.outputs(blend.order)}
+    if readers != {post.order}:
+        others = sorted(bp.node(o).id for o in readers - {post.order})
+        return f"the blend's output is also read by {', '.join(others) or 'no post-mix'}"
+    return None
+
+
 def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The fused KDA kernel's formats and size limits (kbpc/codegen/families/kda_fused.py)."""
     from kbpc.codegen.families.kda_fused import chain_fits  # noqa: PLC0415  (codegen imports this table)
@@ -81,8 +93,28 @@ def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
 
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
-# so the opt-in moe_layer, when asked for, takes the router before router_gemv_topk does.
+# so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
+# and router_gemv_topk do.
 FUSION_RULES: tuple[FusionRule, ...] = (
+    # Before the rules that take the blend's or the post-mix's group alone: a group joins one merge.
+    FusionRule("moe_layer", "glm_moe_layer",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down", "linear:shared_gate_up", "swiglu_clamp", "silu_mul", "linear:shared_down",
+                "blend"), "router",
+               "a MoE layer in two launches over every SM: router GEMV with its top-k, the expert input "
+               "quantized once, the shared expert beside the routed ones, SwiGLU and the down input's "
+               "quantization in the gate_up epilogue, the combine in the down epilogue",
+               tensor_parallel=False, default=False,
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
+                                  "8.24 ms a step with it vs 5.91 ms without; the persistent kernel runs at "
+                                  "~30% of its byte floor and blocks overlap with the neighbouring launches)"),
+    FusionRule("moe_combine_hc", "glm_mhc", ("blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "blend",
+               "the MoE combine runs as the boundary kernel's prologue (hc_boundary with PreParams<N, 1, K>): "
+               "the blend's launch, its dependency and its BF16 row in memory go; the merged group keeps the "
+               "blend's wait on the shared expert's stream", _blend_feeds_post_only, tensor_parallel=False),
+    FusionRule("moe_combine_head", "glm_mhc", ("blend", "hc_post", "hc_contract", "final_norm"), "blend",
+               "the last MoE layer's combine runs inside the head + final norm kernel: one launch and one "
+               "dependency fewer", _blend_feeds_post_only, tensor_parallel=False),
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
                "and one pass over the streams fewer per boundary"),
@@ -107,18 +139,6 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("rms_norm_fp8_quant", "rms_norm", ("rms_norm", "act_quant"), "rms_norm",
                "the per-token FP8 quantizer runs on the normed row in registers, in the norm's launch",
                _norm_then_fp8_quant),
-    FusionRule("moe_layer", "glm_moe_layer",
-               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
-                "expert_down", "linear:shared_gate_up", "swiglu_clamp", "silu_mul", "linear:shared_down",
-                "blend"), "router",
-               "a MoE layer in two launches over every SM: router GEMV with its top-k, the expert input "
-               "quantized once, the shared expert beside the routed ones, SwiGLU and the down input's "
-               "quantization in the gate_up epilogue, the combine in the down epilogue",
-               tensor_parallel=False, default=False,
-               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
-                                  "8.24 ms a step with it vs 5.91 ms without; the persistent kernel runs at "
-                                  "~30% of its byte floor and blocks overlap with the neighbouring launches)"),
-    # After moe_layer: when that opt-in rule is asked for, it takes these groups first.
     FusionRule("moe_swiglu_down", "w4a4_mx_static", ("swiglu_clamp", "silu_mul", "act_quant", "expert_down"),
                "expert_down",
                "the routed experts' clamped SwiGLU and the down input's quantization run in the down "

@@ -3,6 +3,7 @@ refusals with reasons, the invariants after fusion, buffers only for edges that 
 groups, and every fusion rule served by its family lowering."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,7 @@ def test_plan_after_fusion(tiny_bp):
 def test_every_rule_lowers(tiny_bp):
     """Every rule is applied and lowered in the default plan, with all opt-in rules, or with one
     opt-in rule alone (moe_layer takes the groups
-    moe_swiglu_down and router_gemv_topk would merge)."""
+    moe_combine_hc, moe_swiglu_down and router_gemv_topk would merge)."""
     served = set()
     for options in (Options(), Options(add_fusions=OPT_IN_RULES), *(Options(add_fusions=(r,)) for r in OPT_IN_RULES)):
         plan = run_pipeline(tiny_bp, options)
@@ -185,6 +186,95 @@ def test_every_rule_lowers(tiny_bp):
                 assert launches and set(g.nodes) <= {n for l in launches for n in l.nodes}
                 served.add(g.rule.removeprefix("fused:"))
     assert served == {r.name for r in FUSION_RULES}
+
+
+def _default_before(bp) -> Plan:
+    """The plan just before fuse_groups with the default rules."""
+    plan = Plan(blueprint=bp, options=Options())
+    for name, fn in PIPELINE:
+        if name == "fuse_groups":
+            return plan
+        plan = fn(plan)
+    raise AssertionError("fuse_groups is not in the pipeline")
+
+
+def test_moe_combine_merges_into_the_boundary(tiny_bp):
+    """Before: blend | post-mix | pre-mix + norm, three groups. After: one fused:moe_combine_hc group
+    holding exactly their nodes (the last MoE layer's blend joins the head + final norm instead);
+    the blend's output edge has no buffer; fewer launches by one per blend."""
+    before = _default_before(tiny_bp)
+    after = fuse_groups(before)
+    blends = [g for g in before.groups if _ops(tiny_bp, g) == ["blend"]]
+    assert len(blends) == 2
+    by_id = {g.id: g for g in before.groups}
+    hc = [g for g in after.groups if g.rule == "fused:moe_combine_hc"]
+    head = [g for g in after.groups if g.rule == "fused:moe_combine_head"]
+    assert len(hc) == 1 and len(head) == 1
+    assert _ops(tiny_bp, hc[0]) == sorted(["blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"])
+    assert _ops(tiny_bp, head[0]) == sorted(["blend", "hc_post", "hc_contract", "final_norm"])
+    for g in hc + head:
+        assert g.family == "glm_mhc" and g.id == g.fused_from[0] and g.fused_from[0] in {b.id for b in blends}
+        assert set(g.nodes) == {n for m in g.fused_from for n in by_id[m].nodes}
+    assert not any(g.rule.startswith("glm_moe_combine") for g in after.groups)
+    plan = run_pipeline(tiny_bp, Options(), verify=True)
+    names = {b.name for b in plan.buffers}
+    for g in plan.groups:
+        if g.rule.startswith("fused:moe_combine"):
+            blend = next(tiny_bp.node_by_id[n] for n in g.nodes if tiny_bp.node_by_id[n].op == "blend")
+            assert all(buffer_name(tiny_bp, t) not in names for t in tiny_bp.outputs(blend.order))
+    skipped = run_pipeline(tiny_bp, Options(skip_fusions=("moe_combine_hc", "moe_combine_head")))
+    from kbpc.codegen.emit import build_step
+    count = {k: sum(len(g.launches) for g in build_step(p, "x").groups) for k, p in (("on", plan), ("off", skipped))}
+    assert count["on"] == count["off"] - 2
+
+
+def test_moe_combine_keeps_the_shared_expert_wait(tiny_bp):
+    """The shared expert runs on a side stream and the blend waited on its event: the merged group
+    waits on that same event, so the combine never reads a shared row not yet written."""
+    def shared_waits(plan, want_ops):
+        sched = {s.group: s for s in plan.schedule}
+        deps = plan.grouping.dependencies()
+        out = []
+        for g in plan.groups:
+            if "blend" not in _ops(tiny_bp, g):
+                continue
+            (shared,) = [d for d in deps[g.id] if "linear:shared_down" in _ops(tiny_bp, next(
+                x for x in plan.groups if x.id == d))]
+            s, sh = sched[g.id], sched[shared]
+            assert _ops(tiny_bp, g) in want_ops
+            out.append((s.stream != sh.stream, sh.record in s.waits if s.stream != sh.stream else True))
+        return out
+    fused = shared_waits(run_pipeline(tiny_bp, Options()),
+                         [sorted(["blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"]),
+                          sorted(["blend", "hc_post", "hc_contract", "final_norm"])])
+    apart = shared_waits(run_pipeline(tiny_bp, Options(skip_fusions=("moe_combine_hc", "moe_combine_head"))),
+                         [["blend"]])
+    assert fused and all(ok for _, ok in fused) and all(ok for _, ok in apart)
+    assert any(cross for cross, _ in fused)  # the tiny plan puts the shared expert on another stream
+
+
+def test_moe_combine_refusals(tiny_bp):
+    """The rule needs the blend's output to feed the merged post-mix alone, and has no tensor-parallel
+    form (a rank's blend is a partial that every rank's post-mix reads)."""
+    from kbpc.passes.fusion_rules import _blend_feeds_post_only
+    nodes = tiny_bp.nodes()
+    blend = next(n for n in nodes if n.op == "blend")
+    post = next(tiny_bp.node(t.dst) for t in tiny_bp.outputs(blend.order))
+    assert post.op == "hc_post" and _blend_feeds_post_only(tiny_bp, [blend, post]) is None
+
+    class ExtraReader:  # the blueprint as it is, plus one more reader of the blend's output
+        def outputs(self, order):
+            out = tiny_bp.outputs(order)
+            return out + [dataclasses.replace(out[0], dst=post.order + 1)] if order == blend.order else out
+
+        def node(self, order):
+            return tiny_bp.node(order)
+    why = _blend_feeds_post_only(ExtraReader(), [blend, post])
+    assert why and tiny_bp.node(post.order + 1).id in why
+    tp = run_pipeline(tiny_bp, Options(tp=2))
+    assert not any(g.rule.startswith("fused:moe_combine") for g in tp.groups)
+    refused = [f.reason for f in tp.fusions if f.rule.startswith("moe_combine")]
+    assert sum("tensor-parallel" in why for why in refused) == 2  # the boundary and the head candidates
 
 
 def test_fusion_reduces_launches(tiny_bp):

@@ -3,6 +3,7 @@ and of the groups the fusion pass merges (boundary, expand + first pre-mix, last
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,10 @@ from kbpc.codegen.args import NULL, Aggregate, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import glm_mhc
 from kbpc.codegen.families._rows import row_grid, vec_width
+from kbpc.codegen.families.glm_moe_combine import operands as combine_operands
+from kbpc.frontend.load import load_blueprint
+from kbpc.ir.plan import Options
+from kbpc.passes import run_pipeline
 from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
@@ -106,7 +111,7 @@ def _pre_fields(ctx, g, head, h):
               ctx.weight(norm, ctype=BF), flt(c.hc_norm_eps), flt(c.hc_eps), flt(c.hc_site_norm_eps),
               lit(c.sinkhorn_iters), NULL, ctx.state(pre.id + ".counters", "unsigned int"), NULL,
               ctx.buf(ctx.output(norm)), ctx.buf(ctx.output(pre, "post"), "float"),
-              ctx.buf(ctx.output(pre, "comb"), "float"), h, ctx.state(pre.id + ".work", "float"))
+              ctx.buf(ctx.output(pre, "comb"), "float"), h, ctx.state(pre.id + ".work", "unsigned int"))
     return tuple(map(r, fields))
 
 
@@ -115,13 +120,13 @@ def _shape(ctx, g):
     return x.dim_value // normed.dim_value, normed.dim_value
 
 
-def _check_boundary(ctx, plan, g, launch, src, head, h):
+def _check_boundary(ctx, plan, g, launch, src, head, h, k=0):
     n, d = _shape(ctx, g)
-    assert launch.instance.kernel == f"kbp::mhc::hc_boundary<{n}, {d}, {src}, 1, 4>"
-    assert launch.instance.params == (f"kbp::mhc::PreParams<{n}, 1>",)
+    assert launch.instance.kernel == f"kbp::mhc::hc_boundary<{n}, {d}, {src}, 1, {k}, 4>"
+    assert launch.instance.params == (f"kbp::mhc::PreParams<{n}, 1, {k}>",)
     assert launch.instance.header == "glm_mhc_boundary.cuh"
-    # 8 column groups x ceil(((2+n)n + 1) / 4) chain groups, one row
-    assert (launch.grid, launch.block, launch.smem) == ((8 * -(-((2 + n) * n + 1) // 4), 1, 1), (288, 1, 1), 0)
+    # producers: 8 column groups x ceil(((2+n)n + 1) / 4) chain groups; then the two tails; one row
+    assert (launch.grid, launch.block, launch.smem) == ((8 * -(-((2 + n) * n + 1) // 4) + 2, 1, 1), (288, 1, 1), 0)
     assert tuple(map(r, launch.args[0].fields)) == _pre_fields(ctx, g, head, h)
     assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
 
@@ -162,6 +167,51 @@ def test_fused_boundary(tiny_path):
         assert x != y and points_into(launch.args[0], buffer_name(bp, u))
 
 
+def _combine_plan(tiny_path):
+    """The default rules (the opt-in fused MoE layer would take the blends first)."""
+    plan = run_pipeline(load_blueprint(Path(tiny_path)), Options())
+    return plan, LowerCtx(plan)
+
+
+def test_fused_combine_boundary(tiny_path):
+    """A blend merged with the post-mix it feeds and the next pre-mix: one kSrcPost launch whose
+    PreParams<N, 1, K> carry the blend's operands (router weights, routed rows in slot order, the
+    shared expert's row) in place of the sublayer output, which has no buffer any more."""
+    plan, ctx = _combine_plan(tiny_path)
+    bp = plan.blueprint
+    fused = [g for g in plan.groups if g.rule == "fused:moe_combine_hc"]
+    assert fused
+    names = {b.name for b in plan.buffers}
+    for g in fused:
+        (launch,) = glm_mhc.lower(ctx, g)
+        post, blend = (ctx.node(g, op) for op in ("hc_post", "blend"))
+        x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
+        w, e, sh, _ = combine_operands(ctx, blend)
+        assert u.src == blend.order and buffer_name(bp, u) not in names
+        parts = Aggregate(None, (ctx.buf(w, "const float"), NULL, NULL, ctx.buf(e, f"const {BF}"),
+                                 ctx.buf(sh, f"const {BF}")))
+        head = (ctx.buf(x, "const float"), parts, ctx.buf(gate, "const float"), ctx.buf(comb, "const float"),
+                ctx.buf(y, "float"))
+        _check_boundary(ctx, plan, g, launch, 1, head, NULL, k=w.dim_value)
+
+
+def test_fused_combine_head_norm(tiny_path):
+    """The last MoE layer's blend merged into the head + final norm: HeadParams<N, 1, K>."""
+    plan, ctx = _combine_plan(tiny_path)
+    (g,) = [g for g in plan.groups if g.rule == "fused:moe_combine_head"]
+    (launch,) = glm_mhc.lower(ctx, g)
+    blend, post, norm = (ctx.node(g, op) for op in ("blend", "hc_post", "final_norm"))
+    x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
+    w, e, sh, _ = combine_operands(ctx, blend)
+    k, d = w.dim_value, u.dim_value
+    assert launch.instance.kernel.endswith(f", true, true, 1, {k}>")
+    assert launch.instance.params == (f"kbp::mhc::HeadParams<{x.dim_value // d}, 1, {k}>",)
+    assert r(launch.args[0].fields[1]) == r(Aggregate(None, (ctx.buf(w, "const float"), NULL, NULL,
+                                                             ctx.buf(e, f"const {BF}"), ctx.buf(sh, f"const {BF}"))))
+    assert launch.nodes == tuple(g.nodes) == (blend.id, post.id, ctx.node(g, "hc_contract").id, norm.id)
+    assert unwritten(plan, g, [launch]) == []
+
+
 def test_fused_expand_pre(tiny_path):
     """The embedding's expand merged with the first pre-mix: the kernel reads the BF16 row and writes
     the expand's stream buffer (the first post-mix reads it)."""
@@ -185,7 +235,7 @@ def test_fused_head_norm(tiny_path):
     d = ctx.output(contract).dim_value
     n = x.dim_value // d
     threads = min(1024, -(-(d // 2) // 32) * 32)
-    assert launch.instance.kernel == f"kbp::mhc::hc_head_norm<{n}, {d}, {threads}, true, true, 1>"
+    assert launch.instance.kernel == f"kbp::mhc::hc_head_norm<{n}, {d}, {threads}, true, true, 1, 0>"
     assert (launch.grid, launch.block, launch.smem) == ((1, 1, 1), (threads, 1, 1), 0)
     fields = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u)[1], ctx.buf(gate, "const float"),
               ctx.buf(comb, "const float"), NULL, ctx.weight(norm, ctype=BF), flt(ctx.c.rms_eps), NULL,

@@ -53,9 +53,10 @@ def test_one_gather_per_post_mix_before_its_reader(ranks):
             assert slots == [site.offset + q * site.slot_bytes for q in range(2)]
             kernel = reader.instance.kernel
             # a post-mix summing 2 rank partials: standalone, fused into the next boundary (R is the
-            # 4th template argument) or into the head's norm (the last one)
-            assert (kernel.startswith("kbp::mhc::hc_post<4, 256, 2,") or kernel.endswith(", 2, 4>")
-                    or (kernel.startswith("kbp::mhc::hc_head_norm<") and kernel.endswith(", 2>")))
+            # 4th template argument, then K = 0: no fused combine under tensor parallelism) or into
+            # the head's norm (the last one)
+            assert (kernel.startswith("kbp::mhc::hc_post<4, 256, 2,") or kernel.endswith(", 2, 0, 4>")
+                    or (kernel.startswith("kbp::mhc::hc_head_norm<") and kernel.endswith(", 2, 0>")))
             assert not reader.pdl                    # an NCCL kernel triggers no dependent launch
 
 

@@ -8,12 +8,18 @@ launch each.
   * the previous site's hc_post (fused:hc_boundary): its post-mix, computed in the kernel, which
     writes the post node's stream buffer (the next post-mix reads it) and mixes from it (kSrcPost);
   * the embedding's hc_expand (fused:hc_expand_pre): the BF16 row widened into every stream, the
-    expand's buffer written likewise (kSrcExpand).
+    expand's buffer written likewise (kSrcExpand);
+  * a MoE layer's blend and the hc_post after it (fused:moe_combine_hc): as hc_boundary, with the
+    post-mix's sublayer output computed in place by the combine (PreParams<N, 1, K>: the blend's
+    operands, K routed slots, kernels/glm_moe_combine.cuh's moe_combine_sums); the blend's output
+    never reaches memory.
   mu (the mix edge) and the collapsed row are written only when their edges have buffers; the
-  per-row arrival counters (`<hc_pre>.counters`, zero at reset, left zero by the kernel) and the
-  partial sums (`<hc_pre>.work`) are state buffers (kbpc.ir.state.hc_pre_state).
+  per-row x_out counters (`<hc_pre>.counters`) and the partial-sum hand-off slots
+  (`<hc_pre>.work`) are state buffers (kbpc.ir.state.hc_pre_state), zero at reset and left zero by
+  every launch.
 - fused:hc_head_norm (hc_post + hc_contract + final_norm): hc_head_norm, the last post-mix, the
-  stream mean and the final RMSNorm in one CTA per row (the rms_norm family's reduction order).
+  stream mean and the final RMSNorm in one CTA per row (the rms_norm family's reduction order);
+  fused:moe_combine_head also holds the last MoE layer's blend (HeadParams<N, 1, K>).
 - glm_hc_expand (hc_expand): hc_expand widens the BF16 embedding row into the N FP32 streams.
 - glm_hc_post (hc_post): hc_post with R rank partials (R = 1 without tensor parallelism: u is the
   sublayer's BF16 output as is; a rank of a split step reads every rank's slot of the collective
@@ -30,6 +36,7 @@ from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families._rows import BF16, row_grid, split_inputs, vec_width
 from kbpc.codegen.families.dsa_state import state_buffer
+from kbpc.codegen.families.glm_moe_combine import combine_in
 from kbpc.codegen.families.rms_norm import one_plus
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_name
@@ -44,7 +51,8 @@ ROW_THREADS = 32       # expand / post / head: D / 128 small CTAs spread a few K
 ROW_VEC = 4            # 16-byte FP32 stream accesses
 PRE_THREADS = 288      # kbp::mhc::kPreThreads: 256 tree threads + the Sinkhorn warp
 COL_GROUPS = 8         # kbp::mhc::kColGroups: CTAs per chain group
-CHAINS_PER_CTA = 4     # hc_boundary's RPC: 56 CTAs per row at n_hc 4 (24 mix rows + the sum of squares)
+CHAINS_PER_CTA = 4     # hc_boundary's RPC: 56 producer CTAs per row at n_hc 4 (24 mix rows + the sum of squares)
+TAIL_CTAS = 2          # kbp::mhc::kBoundaryTails: the Sinkhorn tail and the collapse tail of a row
 MAX_FLAT = 81920       # kbp::mhc::kMaxBoundaryFlat: n_hc * hidden stream values (shared memory)
 SRC = {None: 0, "hc_post": 1, "hc_expand": 2}  # kbp::mhc::StreamSource of the merged node's op
 STREAM_OPS = ("hc_post", "hc_expand")
@@ -53,13 +61,15 @@ STREAM_OPS = ("hc_post", "hc_expand")
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     nodes = ctx.nodes(group)
     ops = sorted(n.op for n in nodes)
+    blend = [n for n in nodes if n.op == "blend"]
     if "hc_pre" in ops:
         front = [n for n in nodes if n.op in STREAM_OPS]
-        require(len(front) <= 1 and len(nodes) == 3 + len(front),
+        fits = len(front) <= 1 and len(blend) <= 1 and len(nodes) == 3 + len(front) + len(blend)
+        require(fits and (not blend or (front and front[0].op == "hc_post")),
                 f"glm_mhc has no kernel for the nodes {ops}", group)
-        return [_boundary(ctx, group, front[0] if front else None)]
-    if ops == ["final_norm", "hc_contract", "hc_post"]:
-        return [_head_norm(ctx, group)]
+        return [_boundary(ctx, group, front[0] if front else None, blend[0] if blend else None)]
+    if [op for op in ops if op != "blend"] == ["final_norm", "hc_contract", "hc_post"] and len(blend) <= 1:
+        return [_head_norm(ctx, group, blend[0] if blend else None)]
     require(len(nodes) == 1, f"glm_mhc has no kernel for the nodes {ops}", group)
     node = nodes[0]
     if node.op == "hc_expand":
@@ -71,23 +81,29 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     raise LoweringError(f"glm_mhc has no kernel for op {node.op}", f"node {node.id}")
 
 
-def boundary_instance(n: int, d: int, src: int, ranks: int = 1, rpc: int = CHAINS_PER_CTA) -> KernelInstance:
-    """kbp::mhc::hc_boundary<N, D, SRC, R, RPC>, taking one PreParams<N, R> by value."""
-    return KernelInstance("glm_mhc", BOUNDARY_HEADER, f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {rpc}>",
-                          (f"kbp::mhc::PreParams<{n}, {ranks}>",))
+def boundary_instance(n: int, d: int, src: int, ranks: int = 1, rpc: int = CHAINS_PER_CTA,
+                      slots: int = 0) -> KernelInstance:
+    """kbp::mhc::hc_boundary<N, D, SRC, R, K, RPC>, taking one PreParams<N, R, K> by value (K > 0: the
+    post-mix's u is the MoE combine of K routed slots, computed in the kernel)."""
+    return KernelInstance("glm_mhc", BOUNDARY_HEADER,
+                          f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {slots}, {rpc}>",
+                          (f"kbp::mhc::PreParams<{n}, {ranks}, {slots}>",))
 
 
 def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA) -> tuple[int, int, int]:
-    """kbp::mhc::boundary_ctas(N, RPC) CTAs per row: 8 column groups x the chains in groups of RPC."""
-    return COL_GROUPS * -(-((2 + n) * n + 1) // rpc), rows, 1
+    """kbp::mhc::boundary_ctas(N, RPC) CTAs per row: 8 column groups x the chains in groups of RPC
+    (the producers), then the two tails."""
+    return COL_GROUPS * -(-((2 + n) * n + 1) // rpc) + TAIL_CTAS, rows, 1
 
 
-def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = 1) -> KernelInstance:
-    """kbp::mhc::hc_head_norm<N, D, THREADS, ONE_PLUS, POST, R> (THREADS: the rms_norm block rule)."""
+def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = 1,
+                       slots: int = 0) -> KernelInstance:
+    """kbp::mhc::hc_head_norm<N, D, THREADS, ONE_PLUS, POST, R, K> (THREADS: the rms_norm block rule;
+    K > 0: u is the MoE combine of K slots)."""
     flags = ", ".join("true" if f else "false" for f in (weight_one_plus, post))
     return KernelInstance("glm_mhc", BOUNDARY_HEADER,
-                          f"kbp::mhc::hc_head_norm<{n}, {d}, {block_threads(d)}, {flags}, {ranks}>",
-                          (f"kbp::mhc::HeadParams<{n}, {ranks}>",))
+                          f"kbp::mhc::hc_head_norm<{n}, {d}, {block_threads(d)}, {flags}, {ranks}, {slots}>",
+                          (f"kbp::mhc::HeadParams<{n}, {ranks}, {slots}>",))
 
 
 def streams_of(stream: Tensor, row: Tensor, node: Node) -> tuple[int, int]:
@@ -137,6 +153,18 @@ def _parts(ctx: LowerCtx, u: Tensor) -> tuple[int, Aggregate]:
     return rank_parts(ctx.tp, ctx.buf(u, f"const {BF16}"), buffer_name(ctx.bp, u))
 
 
+def _branch(ctx: LowerCtx, u: Tensor, blend: Node | None) -> tuple[int, int, Aggregate]:
+    """(R, K, the params' `parts`) for a post-mix adding u: the rank partials (K = 0), or, with the
+    blend that produces u merged in, the combine's operands (R = 1, K slots)."""
+    if blend is None:
+        ranks, parts = _parts(ctx, u)
+        return ranks, 0, parts
+    require(u.src == blend.order, f"the merged blend {blend.id} must produce the post-mix's input {u.id}", blend)
+    require(ctx.tp is None, "a fused MoE combine has no tensor-parallel form (the blend is a rank's partial)", blend)
+    k, operands = combine_in(ctx, blend)
+    return 1, k, operands
+
+
 def _post(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     x, u, post, comb, y = _post_operands(ctx, node)
     n, d = streams_of(x, u, node)
@@ -163,34 +191,35 @@ def _state(ctx: LowerCtx, want: StateBuffer, ctype: str, node: Node) -> StatePtr
     return ctx.state(want.name, ctype)
 
 
-def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor) -> tuple[int, tuple[Arg, ...]]:
-    """(R, PreParams' / HeadParams' x, parts, post_in, comb_in, x_out) for a kernel that runs the
+def _fused_post(ctx: LowerCtx, post_node: Node, x: Tensor, blend: Node | None) -> tuple[int, int, tuple[Arg, ...]]:
+    """(R, K, PreParams' / HeadParams' x, parts, post_in, comb_in, x_out) for a kernel that runs the
     post-mix producing its streams `x` (x_out: the post node's buffer, or NULL when nothing outside
-    reads it; R: the rank partials the post-mix sums)."""
+    reads it; R: the rank partials the post-mix sums; K: the slots of a merged blend, or 0)."""
     px, u, post, comb, y = _post_operands(ctx, post_node)
     require(x.src == post_node.order, "the fused post-mix must produce the streams the kernel reads", post_node)
-    ranks, parts = _parts(ctx, u)
-    return ranks, (ctx.buf(px, "const float"), parts, ctx.buf(post, "const float"),
-                   ctx.buf(comb, "const float"), ctx.buf(y, "float") if materialized(ctx, y) else NULL)
+    ranks, k, parts = _branch(ctx, u, blend)
+    return ranks, k, (ctx.buf(px, "const float"), parts, ctx.buf(post, "const float"),
+                      ctx.buf(comb, "const float"), ctx.buf(y, "float") if materialized(ctx, y) else NULL)
 
 
-def _stream_source(ctx: LowerCtx, front: Node | None, x: Tensor) -> tuple[int, tuple[Arg, ...], Arg]:
-    """R, (x, parts, post_in, comb_in, x_out) and h of PreParams for the streams `x` the pre-mix
-    reads (R: the rank partials a fused post-mix sums; 1 otherwise)."""
+def _stream_source(ctx: LowerCtx, front: Node | None, blend: Node | None,
+                   x: Tensor) -> tuple[int, int, tuple[Arg, ...], Arg]:
+    """R, K, (x, parts, post_in, comb_in, x_out) and h of PreParams for the streams `x` the pre-mix
+    reads (R: the rank partials a fused post-mix sums, 1 otherwise; K: a merged blend's slots)."""
     no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
     if front is None:
-        return 1, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL
+        return 1, 0, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL
     require(materialized(ctx, x), f"the streams {x.id} must have a buffer (the next post-mix reads them)", front)
     if front.op == "hc_post":
-        ranks, fields = _fused_post(ctx, front, x)
-        return ranks, fields, NULL
+        ranks, k, fields = _fused_post(ctx, front, x, blend)
+        return ranks, k, fields, NULL
     h = ctx.input(front)
     require(x.src == front.order and h.format == "bf16", f"{front.id} must expand a BF16 row into {x.id}", front)
     require(ctx.rows(h) == ctx.rows(x), f"{h.id} has {ctx.rows(h)} rows, {x.id} {ctx.rows(x)}", front)
-    return 1, (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
+    return 1, 0, (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
 
 
-def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
+def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None, blend: Node | None) -> Launch:
     mix, pre, norm = ctx.node(group, "linear:hc_mix"), ctx.node(group, "hc_pre"), ctx.node(group, "rms_norm")
     x, mu = ctx.input(mix), ctx.output(mix)
     streams, _ = split_inputs(ctx, pre, *STREAM_OPS)
@@ -209,8 +238,8 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (post, comb, normed)), f"row counts disagree ({rows} streams)", pre)
     counters_state, work_state = hc_pre_state(pre, rows, width)
-    ranks, head, h = _stream_source(ctx, front, x)
-    params = f"kbp::mhc::PreParams<{n}, {ranks}>"
+    ranks, k, head, h = _stream_source(ctx, front, blend, x)
+    params = f"kbp::mhc::PreParams<{n}, {ranks}, {k}>"
     # Field order of PreParams: x, parts, post_in, comb_in, x_out, phi, alpha, beta, gamma, eps_n,
     # eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb, h, work.
     fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
@@ -218,14 +247,16 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None) -> Launch:
               lit(iters), ctx.buf(mu, "float") if materialized(ctx, mu) else NULL,
               _state(ctx, counters_state, "unsigned int", pre), ctx.buf(u) if materialized(ctx, u) else NULL,
               ctx.buf(normed), ctx.buf(post, "float"), ctx.buf(comb, "float"), h,
-              _state(ctx, work_state, "float", pre))
-    nodes = ((front.id,) if front is not None else ()) + (mix.id, pre.id, norm.id)
-    return Launch(boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks), grid=boundary_grid(n, rows),
+              _state(ctx, work_state, "unsigned int", pre))
+    nodes = tuple(nd.id for nd in (blend, front) if nd is not None) + (mix.id, pre.id, norm.id)
+    inst = boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks, slots=k)
+    return Launch(inst, grid=boundary_grid(n, rows),
                   block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
 
 
-def _head_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
-    """The last post-mix, the stream mean and the final RMSNorm (the rms_norm family's math)."""
+def _head_norm(ctx: LowerCtx, group: LoweredGroup, blend: Node | None) -> Launch:
+    """The last post-mix (behind a merged blend, if any), the stream mean and the final RMSNorm (the
+    rms_norm family's math)."""
     post, contract, norm = (ctx.node(group, op) for op in ("hc_post", "hc_contract", "final_norm"))
     x, head, normed = ctx.input(contract), ctx.output(contract), ctx.output(norm)
     require(ctx.input(norm).src == contract.order, f"{norm.id} does not normalise the stream mean", norm)
@@ -233,11 +264,12 @@ def _head_norm(ctx: LowerCtx, group: LoweredGroup) -> Launch:
     require(d % 2 == 0 and normed.dim_value == d, f"the final norm reads BF16 pairs of a {d}-wide row", norm)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (head, normed)), f"row counts disagree ({rows} streams)", contract)
-    ranks, front = _fused_post(ctx, post, x)
-    params = f"kbp::mhc::HeadParams<{n}, {ranks}>"
+    ranks, k, front = _fused_post(ctx, post, x, blend)
+    params = f"kbp::mhc::HeadParams<{n}, {ranks}, {k}>"
     # Field order of HeadParams: x, parts, post_in, comb_in, x_out, gamma, eps, head, normed.
     fields = (*front, ctx.weight(norm, ctype=BF16), flt(ctx.c.rms_eps),
               ctx.buf(head) if materialized(ctx, head) else NULL, ctx.buf(normed))
-    return Launch(head_norm_instance(n, d, one_plus(norm), post=True, ranks=ranks), grid=(rows, 1, 1),
+    nodes = ((blend.id,) if blend is not None else ()) + (post.id, contract.id, norm.id)
+    return Launch(head_norm_instance(n, d, one_plus(norm), post=True, ranks=ranks, slots=k), grid=(rows, 1, 1),
                   block=(block_threads(d), 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id,
-                  nodes=(post.id, contract.id, norm.id))
+                  nodes=nodes)
