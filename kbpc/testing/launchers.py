@@ -6,7 +6,7 @@ context PyCUDA retains, so PyCUDA device arrays can be passed in directly.
 
     inst = KernelInstance("rms_norm", "rms_norm.cuh", "kbp::rms_norm<...>", ("const __nv_bfloat16*", "int", ...))
     launch = launcher(inst)
-    launch((grid, 1, 1), (256, 1, 1), x_gpu, np.int32(4096), ..., smem=0)
+    launch((grid, 1, 1), (256, 1, 1), x_gpu, np.int32(4096), ..., smem=0)   # stream=, pdl=, sync=
 
 Arguments, in the instance's parameter order: a PyCUDA GPUArray or DeviceAllocation (a device
 pointer), None (a null pointer), a Python or NumPy int or float (converted to the parameter's C
@@ -34,9 +34,9 @@ SCALARS = {"int": ctypes.c_int32, "unsigned int": ctypes.c_uint32, "float": ctyp
 SHIM = """
 extern "C" const unsigned long long kbp_test_param_bytes[] = {{{sizes}}};
 extern "C" int kbp_test_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                               unsigned long long smem, int pdl, void** a) {{
+                               unsigned long long smem, int pdl, void* stream, void** a) {{
     (void)a;
-    return (int)kbp_launch_{name}(dim3(gx, gy, gz), dim3(bx, by, bz), (size_t)smem, 0, pdl{args});
+    return (int)kbp_launch_{name}(dim3(gx, gy, gz), dim3(bx, by, bz), (size_t)smem, (cudaStream_t)stream, pdl{args});
 }}
 """
 
@@ -59,7 +59,8 @@ class Launcher:
         self._lib = ctypes.CDLL(str(library))
         self._fn = self._lib.kbp_test_launch
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_ulonglong, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+        self._fn.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p,
+                                                   ctypes.POINTER(ctypes.c_void_p)]
         n = max(1, len(inst.params))
         self.param_bytes = list((ctypes.c_ulonglong * n).in_dll(self._lib, "kbp_test_param_bytes"))[:len(inst.params)]
 
@@ -80,14 +81,18 @@ class Launcher:
             raise LaunchError(f"argument {i} ({ctype}) is {len(raw)} bytes, sizeof is {self.param_bytes[i]}")
         return ctypes.create_string_buffer(raw, len(raw))
 
-    def __call__(self, grid, block, *args, smem: int = 0, pdl: bool = False, sync: bool = True) -> None:
+    def __call__(self, grid, block, *args, smem: int = 0, pdl: bool = False, sync: bool = True,
+                 stream=None) -> None:
+        """Launch on `stream` (a PyCUDA Stream, a raw cudaStream_t handle, or None: the legacy default
+        stream), with programmatic dependent launch if `pdl`; wait for the device if `sync`."""
         if len(args) != len(self.inst.params):
             raise LaunchError(f"{self.inst.kernel} takes {len(self.inst.params)} arguments, got {len(args)}")
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         values = [self._value(i, p, a) for i, (p, a) in enumerate(zip(self.inst.params, args))]
         ptrs = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
                                                          for v in values])
-        err = self._fn(*grid, *block, smem, int(pdl), ptrs)
+        handle = ctypes.c_void_p(int(getattr(stream, "handle", stream) or 0))
+        err = self._fn(*grid, *block, smem, int(pdl), handle, ptrs)
         if err:
             raise LaunchError(f"launching {self.inst.kernel} failed: CUDA error {err}")
         if sync:
@@ -107,3 +112,10 @@ def launcher(inst: KernelInstance, target: str = "sm_90") -> Launcher:
         src.write_text(source)
         compile_cuda(src, lib, get_target(target), kind="shared")
     return Launcher(inst, lib)
+
+
+def prebuild(instances, workers: int = 8) -> None:
+    """Compile the launchers of many instances at once (nvcc runs in parallel; each is cached)."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(launcher, dict.fromkeys(instances)))
