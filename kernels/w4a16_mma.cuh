@@ -124,13 +124,13 @@ struct W4A16FBatch {
 };
 
 // Load chunk c of rows g (cg, sg) and g+8 (c8, s8) for lane t: 16 code bytes and 2 scale bytes per
-// row; zeros past K (and for c >= NCH).
-template <int K>
+// row; zeros past K (and for c >= NCH unless the caller knows c < NCH: ANY_C = false).
+template <int K, bool ANY_C = true>
 __device__ __forceinline__ void w4a16f_load1(uint4 (&cw)[2], uint16_t (&sc)[2], const uint8_t* __restrict__ cg,
                                              const uint8_t* __restrict__ c8, const uint8_t* __restrict__ sg,
                                              const uint8_t* __restrict__ s8, int c, int t) {
     constexpr int NCH = (K + 127) / 128;
-    const bool ok = c < NCH && 128 * c + 32 * t < K;
+    const bool ok = (!ANY_C || c < NCH) && (K % 128 == 0 || 128 * c + 32 * t < K);
     const int off = 64 * c + 16 * t, soff = 8 * c + 2 * t;
     cw[0] = ok ? __ldcs(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
     cw[1] = ok ? __ldcs(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);

@@ -84,8 +84,9 @@ __device__ __forceinline__ void w4a16f_point(W4A16FCursor& cur, const Src& src, 
 template <int K, int KS, class Src>
 __device__ __forceinline__ void w4a16f_load_next(uint4 (&cw)[2], uint16_t (&sc)[2], W4A16FCursor& cur,
                                                  const Src& src, int ntiles, int stride, int ks, int g, int t) {
-    constexpr int PER = ((K + 127) / 128 + KS - 1) / KS;
-    w4a16f_load1<K>(cw, sc, cur.cg, cur.c8, cur.sg, cur.s8, ks + KS * cur.m, t);
+    constexpr int NCH = (K + 127) / 128, PER = (NCH + KS - 1) / KS;
+    // a job's chunk is < NCH when KS divides the chunks; else the last ones of some warps are not
+    w4a16f_load1<K, NCH % KS != 0>(cw, sc, cur.cg, cur.c8, cur.sg, cur.s8, ks + KS * cur.m, t);
     if (++cur.m == PER) {
         cur.m = 0;
         cur.tile += stride;
