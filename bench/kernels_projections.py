@@ -158,8 +158,8 @@ SMS_H200 = 132   # kbpc.targets sm_90's SM count: the walk's grids as the loweri
 
 def _w4a16_fast_forms(ns, k) -> list[tuple[str, object, tuple, tuple]]:
     """(label, KernelInstance, grid, block): the one-wave w4a16_mma as main lowered it (mma_shape) and
-    with the walk's KS (the same bits as the walk: only the schedule differs), then the walk as the lowering picks it now and its schedule variants (16-warp CTAs, a
-    4-deep ring, the next larger KS), duplicates dropped."""
+    with the walk's KS (the walk's bits: only the schedule differs), then the walk as the lowering
+    picks it now and schedule variants (16-warp CTAs, a 4-deep ring, the next larger KS)."""
     from kbpc.codegen.families import w4a16_gemv as lw  # noqa: PLC0415
     tiles, nseg = sum(lw.ctas(n) for n in ns), (len(ns) if len(ns) > 1 else 0)
     pick = lw.walk_shape(tiles, k, SMS_H200)
