@@ -159,7 +159,7 @@ SMS_H200 = 132   # kbpc.targets sm_90's SM count: the walk's grids as the loweri
 def _w4a16_fast_forms(ns, k) -> list[tuple[str, object, tuple, tuple]]:
     """(label, KernelInstance, grid, block): the one-wave w4a16_mma as main lowered it (mma_shape) and
     with the walk's KS (the walk's bits: only the schedule differs), then the walk as the lowering
-    picks it now and schedule variants (16-warp CTAs, a 4-deep ring, the next larger KS)."""
+    picks it now and schedule variants (16-warp CTAs, a 4-deep ring, the next larger KS, two waves)."""
     from kbpc.codegen.families import w4a16_gemv as lw  # noqa: PLC0415
     tiles, nseg = sum(lw.ctas(n) for n in ns), (len(ns) if len(ns) > 1 else 0)
     pick = lw.walk_shape(tiles, k, SMS_H200)
@@ -170,6 +170,8 @@ def _w4a16_fast_forms(ns, k) -> list[tuple[str, object, tuple, tuple]]:
     variants = [pick, lw.walk_shape(tiles, k, SMS_H200, cta_warps=16), lw.walk_shape(tiles, k, SMS_H200, depth=4)]
     if pick.ks < 16 and 2 * pick.ks <= -(-k // 128):
         variants.append(lw.walk_shape(tiles, k, SMS_H200, ks=2 * pick.ks))
+    if 2 * pick.grid * pick.t <= tiles:  # two waves of half the tiles each: less exposed to busy SMs
+        variants.append(lw.WalkShape(pick.ks, pick.t, pick.depth, 2 * pick.grid))
     seen = set()
     for w in variants:
         if w not in seen:
