@@ -224,69 +224,16 @@ def wxay_split(name, ns, k):
 
 # ------------------------------------------------------------------ fast / small-N forms
 
-SMS_H200 = 132   # kbpc.targets sm_90's SM count: the walk's grids as the lowering sizes them there
-
-
-def _w4a16_fast_forms(ns, k) -> list[tuple[str, object, tuple, tuple]]:
-    """(label, KernelInstance, grid, block): the one-wave w4a16_mma as main lowered it (mma_shape) and
-    with the walk's KS (the walk's bits: only the schedule differs), then the walk as the lowering
-    picks it now and schedule variants (16-warp CTAs, a 4-deep ring, the next larger KS, two waves)."""
-    from kbpc.codegen.families import w4a16_gemv as lw  # noqa: PLC0415
-    tiles, nseg = sum(lw.ctas(n) for n in ns), (len(ns) if len(ns) > 1 else 0)
-    pick = lw.walk_shape(tiles, k, SMS_H200)
-    forms = []
-    for ks, t in dict.fromkeys([lw.mma_shape(tiles, k), (pick.ks, max(1, 8 // pick.ks))]):  # + the walk's KS
-        forms.append((f"KS{ks} T{t}", lw.mma_instance(k, ks, t, nseg), (sum(-(-n // (16 * t)) for n in ns), 1, 1),
-                      (32 * ks * t, 1, 1)))
-    variants = [pick, lw.walk_shape(tiles, k, SMS_H200, cta_warps=16), lw.walk_shape(tiles, k, SMS_H200, depth=4)]
-    if pick.ks < 16 and 2 * pick.ks <= -(-k // 128):
-        variants.append(lw.walk_shape(tiles, k, SMS_H200, ks=2 * pick.ks))
-    if 2 * pick.grid * pick.t <= tiles:  # two waves of half the tiles each: less exposed to busy SMs
-        variants.append(lw.WalkShape(pick.ks, pick.t, pick.depth, 2 * pick.grid))
-    seen = set()
-    for w in variants:
-        if w not in seen:
-            seen.add(w)
-            label = f"KS{w.ks} T{w.t} D{w.depth} grid{w.grid}" + (" (lowered)" if w == pick else "")
-            forms.append((label, lw.walk_instance(k, w, nseg), (w.grid, 1, 1), w.block))
-    return forms
-
-
-def w4a16_fast(name, ns, k, label, inst, grid, block):
-    """One launch of a fast W4A16 form through the product launcher (PDL on, as in the step)."""
+def w4a16_mma(name, ns, k, ks, t):
+    """One launch of the FP16 tensor-core form (w4a16_mma_seg; one segment = w4a16_mma)."""
     wb = sum(_nvfp4_bytes(n, k) for n in ns)
 
     def setup():
-        from kbpc.testing.launchers import launcher, prebuild  # noqa: PLC0415
-        prebuild([f[4] for f in _FAST_FORMS])  # all cases' instances at once: nvcc in parallel
-        run = launcher(inst)
-        dt = [("c", "<u8"), ("s", "<u8"), ("y", "<u8"), ("g", "<f4"), ("n", "<i4")]
-        sets = []
-        for _ in range(rotations(wb)):
-            bufs = [(_dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for n in ns]
-            x = _dev(2 * k)
-            if len(ns) == 1:
-                (c, s, y), = bufs
-                args = (c, s, np.float32(1), x, y, ns[0])
-            else:
-                table = np.array([(int(c.gpudata), int(s.gpudata), int(y.gpudata), 1.0, n)
-                                  for (c, s, y), n in zip(bufs, ns)], np.dtype(dt))
-                args = (table.view(np.uint8), x)
-            sets.append((bufs, x, args))
-
-        def launch(i, stream=None):
-            run(grid, block, *sets[i % len(sets)][2], pdl=True, sync=False, stream=stream)
-        return launch
-    kind = inst.kernel.removeprefix("kbp::").split("<")[0]
-    return Case(f"{kind} {name} {label}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
-
-
-# The seed's fast W4A16 launches: KDA six-segment, o, q alone; the shared expert's gate/up and down
-# shapes (the step runs those on the exact pair today; here as plain fast GEMVs).
-_FAST_SHAPES = [("kda six q,k,v,f_a,b,g_a", (8192, 8192, 8192, 128, 64, 128), 4096), ("kda o", (4096,), 8192),
-                ("kda q", (8192,), 4096), ("shared expert gate,up", (2048, 2048), 4096),
-                ("shared expert down", (4096,), 2048)]
-_FAST_FORMS = [(name, ns, k, *form) for name, ns, k in _FAST_SHAPES for form in _w4a16_fast_forms(ns, k)]
+        mod = _mod(f'#include "w4a16_mma.cuh"\n'
+                   f'extern "C" __global__ void __launch_bounds__({32 * ks * t}) s(const kbp::W4A16Seg* t, int n, const __nv_bfloat16* x) {{ kbp::w4a16_mma_seg_dev<{k}, {ks}, {t}>(t, n, x); }}', f"bw4m{k}_{ks}_{t}")
+        return _w4a16_seg_launch(mod.get_function("s"), ns, k, wb, (sum(-(-n // (16 * t)) for n in ns), 1),
+                                 (32 * ks * t, 1, 1))
+    return Case(f"w4a16_mma::seg {name} KS{ks} T{t}", f"{'+'.join(map(str, ns))}x{k} nvfp4", wb + 2 * k + 2 * sum(ns), setup)
 
 
 def wxay_ks(name, ns, k, w):
@@ -367,7 +314,11 @@ CASES = [
     wxay_ks("dsa q_a+kv_a split", (1536, 512), 4096, 4),
     wxay_ks("index k/gate", (128,), 4096, 1),
     wxay_ks("dsa kv_a", (512,), 4096, 2),
-    *(w4a16_fast(name, ns, k, label, inst, grid, block) for name, ns, k, label, inst, grid, block in _FAST_FORMS),
+    w4a16_mma("kda q", (8192,), 4096, 4, 2),
+    w4a16_mma("kda o", (4096,), 8192, 8, 1),
+    w4a16_mma("kda six q,k,v,f_a,b,g_a", (8192, 8192, 8192, 128, 64, 128), 4096, 4, 2),
+    w4a16_mma("shared expert gate,up", (2048, 2048), 4096, 8, 1),
+    w4a16_mma("shared expert down", (4096,), 2048, 4, 2),
     dense("router", 288, 4096),
     dense_opc("router", 288, 4096, 1),
     dense("index q", 4096, 1536),

@@ -43,13 +43,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int tid
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
-// Named CTA barrier `id` (1..15; 0 is __syncthreads') over `nthreads` threads (a multiple of 32):
-// the warps that share a piece of work meet without stopping the rest of the CTA. Orders shared
-// memory among the participants like __syncthreads.
-__device__ __forceinline__ void bar_sync_named(int id, int nthreads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
-}
-
 __device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ __nv_bfloat16 f32_to_bf16(float v) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }

@@ -27,8 +27,6 @@
 //   B for its t, so all 8 D columns are equal and lane (g, 0) reads rows g and g+8 from d[0], d[2].
 // PDL: the first batch of code and scale loads is issued before pdl_wait(); x after it.
 // Entry points: the __global__ template, or its body <name>_dev<...> for a TU's own wrapper.
-// The lowering launches the same math on a schedule sized to the GPU (kernels/w4a16_mma_walk.cuh);
-// this one-wave form stays as the reference its outputs are compared with, bit for bit.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -123,28 +121,22 @@ struct W4A16FBatch {
     uint16_t s[W4A16F_BATCH][2];
 };
 
-// Load chunk c of rows g (cg, sg) and g+8 (c8, s8) for lane t: 16 code bytes and 2 scale bytes per
-// row; zeros past K (and for c >= NCH unless the caller knows c < NCH: ANY_C = false).
-template <int K, bool ANY_C = true>
-__device__ __forceinline__ void w4a16f_load1(uint4 (&cw)[2], uint16_t (&sc)[2], const uint8_t* __restrict__ cg,
-                                             const uint8_t* __restrict__ c8, const uint8_t* __restrict__ sg,
-                                             const uint8_t* __restrict__ s8, int c, int t) {
-    constexpr int NCH = (K + 127) / 128;
-    const bool ok = (!ANY_C || c < NCH) && (K % 128 == 0 || 128 * c + 32 * t < K);
-    const int off = 64 * c + 16 * t, soff = 8 * c + 2 * t;
-    cw[0] = ok ? __ldcs(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
-    cw[1] = ok ? __ldcs(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);
-    sc[0] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(sg + soff)) : (uint16_t)0;
-    sc[1] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(s8 + soff)) : (uint16_t)0;
-}
-
-// Load chunks w + KS*(b0 + i), i < W4A16F_BATCH.
+// Load chunks w + KS*(b0 + i): 16 code bytes and 2 scale bytes per row; zeros past K.
 template <int K, int KS>
 __device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* __restrict__ cg, const uint8_t* __restrict__ c8,
                                             const uint8_t* __restrict__ sg, const uint8_t* __restrict__ s8,
                                             int warp, int t, int b0) {
+    constexpr int NCH = (K + 127) / 128;
 #pragma unroll
-    for (int i = 0; i < W4A16F_BATCH; ++i) w4a16f_load1<K>(r.c[i], r.s[i], cg, c8, sg, s8, warp + KS * (b0 + i), t);
+    for (int i = 0; i < W4A16F_BATCH; ++i) {
+        const int c = warp + KS * (b0 + i);
+        const bool ok = c < NCH && 128 * c + 32 * t < K;
+        const int off = 64 * c + 16 * t, soff = 8 * c + 2 * t;
+        r.c[i][0] = ok ? __ldcs(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.c[i][1] = ok ? __ldcs(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.s[i][0] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(sg + soff)) : (uint16_t)0;
+        r.s[i][1] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(s8 + soff)) : (uint16_t)0;
+    }
 }
 
 // The 8 MMAs of one chunk: code word i of rows g / g+8 (group i/2) against x blocks 16c + 4t + i.
@@ -167,11 +159,6 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
         mma_f16_m16n8k16(d, hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8), hmul2_u32(pg[3], selg),
                          hmul2_u32(p8[3], sel8), xb.z, xb.w);
     }
-}
-
-// An output from its summed partial P: rn_bf16(f32(P 2^(7-e)) s_g) (unscale = 2^-e).
-__device__ __forceinline__ __nv_bfloat16 w4a16f_out(float p, float unscale, float gscale) {
-    return f32_to_bf16(__fmul_rn(__fmul_rn(p, __fmul_rn(unscale, 128.0f)), gscale));
 }
 
 // One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS
@@ -216,7 +203,7 @@ __device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, 
         float p = part[tile * KS][row];
 #pragma unroll
         for (int w = 1; w < KS; ++w) p = __fadd_rn(p, part[tile * KS + w][row]);
-        y[n] = w4a16f_out(p, unscale, gscale);
+        y[n] = f32_to_bf16(__fmul_rn(__fmul_rn(p, __fmul_rn(unscale, 128.0f)), gscale));
     }
 }
 

@@ -23,8 +23,6 @@ operations whose partial sums are bounded by S errs by at most n u S):
   c = 36 n + KS + c_ref. The activation is rounded to FP16 after scaling by 2^e with max|x| 2^e in
   [2^14, 2^15): exact unless |x_k| 2^e < 2^-17, and then off by at most 2^-25 2^-e, which adds
   2^-25 2^-e s_g sum_k |q_nk s_nk| (2^-e = 2^-14 max|x| at most, or 2^-126 when e is clamped).
-  The walk (kernels/w4a16_mma_walk.cuh, what the lowering launches) runs the same chains per tile in
-  the same order, only scheduled differently, so its bound is this one with its KS.
 """
 from __future__ import annotations
 

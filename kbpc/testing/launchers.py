@@ -6,7 +6,7 @@ context PyCUDA retains, so PyCUDA device arrays can be passed in directly.
 
     inst = KernelInstance("rms_norm", "rms_norm.cuh", "kbp::rms_norm<...>", ("const __nv_bfloat16*", "int", ...))
     launch = launcher(inst)
-    launch((grid, 1, 1), (256, 1, 1), x_gpu, np.int32(4096), ..., smem=0)   # stream=, pdl=, sync=
+    launch((grid, 1, 1), (256, 1, 1), x_gpu, np.int32(4096), ..., smem=0)
 
 Arguments, in the instance's parameter order: a PyCUDA GPUArray or DeviceAllocation (a device
 pointer), None (a null pointer), a Python or NumPy int or float (converted to the parameter's C
@@ -83,16 +83,16 @@ class Launcher:
 
     def __call__(self, grid, block, *args, smem: int = 0, pdl: bool = False, sync: bool = True,
                  stream=None) -> None:
-        """Launch on `stream` (a PyCUDA Stream, a raw cudaStream_t handle, or None: the legacy default
-        stream), with programmatic dependent launch if `pdl`; wait for the device if `sync`."""
+        """Launch on `stream` (a PyCUDA Stream, a raw handle, or None: the legacy default stream),
+        then synchronize the context unless sync is False (benchmarks, graph capture)."""
         if len(args) != len(self.inst.params):
             raise LaunchError(f"{self.inst.kernel} takes {len(self.inst.params)} arguments, got {len(args)}")
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         values = [self._value(i, p, a) for i, (p, a) in enumerate(zip(self.inst.params, args))]
         ptrs = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
                                                          for v in values])
-        handle = ctypes.c_void_p(int(getattr(stream, "handle", stream) or 0))
-        err = self._fn(*grid, *block, smem, int(pdl), handle, ptrs)
+        handle = getattr(stream, "handle", stream) or 0
+        err = self._fn(*grid, *block, smem, int(pdl), ctypes.c_void_p(int(handle)), ptrs)
         if err:
             raise LaunchError(f"launching {self.inst.kernel} failed: CUDA error {err}")
         if sync:
@@ -114,10 +114,3 @@ def launcher(inst: KernelInstance, target: str = "sm_90", flags: tuple[str, ...]
         src.write_text(source)
         compile_cuda(src, lib, get_target(target), kind="shared", extra_flags=flags)
     return Launcher(inst, lib)
-
-
-def prebuild(instances, workers: int = 8) -> None:
-    """Compile the launchers of many instances at once (nvcc runs in parallel; each is cached)."""
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(launcher, dict.fromkeys(instances)))

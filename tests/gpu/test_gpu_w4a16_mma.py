@@ -125,8 +125,7 @@ def test_w4a16_exact_big_activations():
 @pytest.mark.parametrize("pdl", [False, True])
 def test_w4a16_mma_through_the_product_launcher(tiny_path, pdl):
     """The instance, grid and block the fast lowering picks for the tiny example's one-linear
-    groups (the walk of kernels/w4a16_mma_walk.cuh), run through the product's launcher
-    (kbpc.testing.launchers), with and without PDL."""
+    groups, run through the product's launcher (kbpc.testing.launchers), with and without PDL."""
     from kbpc.codegen.families import w4a16_gemv as lower_w4a16  # noqa: PLC0415
     from kbpc.testing.lowering import family_groups, planned  # noqa: PLC0415
     g = _gpu()
@@ -135,7 +134,7 @@ def test_w4a16_mma_through_the_product_launcher(tiny_path, pdl):
     assert groups
     for grp in groups:
         (launch,) = lower_w4a16.lower(ctx, grp)
-        assert launch.instance.header == lower_w4a16.WALK_HEADER   # the walk (test_gpu_w4a16_walk.py)
+        assert launch.instance.header == "w4a16_mma.cuh"
         node = plan.blueprint.node_by_id[grp.nodes[0]]
         k, n = ctx.input(node).dim_value, ctx.output(node).dim_value
         ks = int(launch.instance.kernel.split(",")[1])

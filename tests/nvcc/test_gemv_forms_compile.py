@@ -1,7 +1,6 @@
-"""The fast and small-N GEMV forms (the w4a16 walks at several ring depths and slot counts too),
-and the fused router GEMV + top-k (router_gemv_topk, as the lowering instantiates it), instantiate
-at the seed's shapes and at odd legal shapes, for sm_90a (the real build flags; no register
-spills) and sm_121a (compile only, -O1)."""
+"""The fast and small-N GEMV forms, and the fused router GEMV + top-k (router_gemv_topk, as the
+lowering instantiates it), instantiate at the seed's shapes and at odd legal shapes, for sm_90a (the
+real build flags; no register spills) and sm_121a (compile only, -O1)."""
 from __future__ import annotations
 
 import re
@@ -21,7 +20,6 @@ W4 = f"const uint8_t*, const uint8_t*, float, const {BF}*, {BF}*, int"
 WX = "const uint8_t*, const float*, const uint8_t*, const float*, __nv_bfloat16*, int, float*, unsigned*"
 SOURCE = f"""#include <cuda_bf16.h>
 #include "w4a16_mma.cuh"
-#include "w4a16_mma_walk.cuh"
 #include "wxay.cuh"
 #include "dense_bf16.cuh"
 #include "glm_router_topk.cuh"
@@ -31,16 +29,6 @@ template __global__ void kbp::w4a16_mma<1056, 1, 8>({W4});
 template __global__ void kbp::w4a16_mma<32, 1, 1>({W4});
 template __global__ void kbp::w4a16_mma<20480, 16, 1>({W4});
 template __global__ void kbp::w4a16_mma_seg_list<4096, 2, 4, 6>(const __grid_constant__ kbp::W4A16SegList<6>, const {BF}*);
-template __global__ void kbp::w4a16_mma_walk_seg_list<4096, 4, 2, 8, 6>(const __grid_constant__ kbp::W4A16SegList<6>, const {BF}*);
-template __global__ void kbp::w4a16_mma_walk_seg_list<4096, 4, 4, 8, 6>(const __grid_constant__ kbp::W4A16SegList<6>, const {BF}*);
-template __global__ void kbp::w4a16_mma_walk_seg_list<2176, 2, 8, 5, 4>(const __grid_constant__ kbp::W4A16SegList<4>, const {BF}*);
-template __global__ void kbp::w4a16_mma_walk_seg_list<4096, 1, 16, 3, 2>(const __grid_constant__ kbp::W4A16SegList<2>, const {BF}*);
-template __global__ void kbp::w4a16_mma_walk<8192, 8, 1, 8>({W4});
-template __global__ void kbp::w4a16_mma_walk<8192, 16, 1, 8>({W4});
-template __global__ void kbp::w4a16_mma_walk<4096, 4, 2, 4>({W4});
-template __global__ void kbp::w4a16_mma_walk<2048, 8, 1, 2>({W4});
-template __global__ void kbp::w4a16_mma_walk<20480, 16, 1, 8>({W4});
-template __global__ void kbp::w4a16_mma_walk<32, 16, 1, 1>({W4});
 template __global__ void kbp::w4a16_gemv<8192>({W4});
 template __global__ void kbp::w4a16_gemv<1040>({W4});
 template __global__ void kbp::wxay_rowscale_ks<4096, 1>({WX});

@@ -8,7 +8,6 @@ import pytest
 from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import flt
 from kbpc.codegen.families import w4a16_gemv
-from kbpc.targets import get_target
 from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
@@ -104,27 +103,10 @@ def test_shared_pair(tiny):
         assert phase0.args[10] == lit(n)
 
 
-def _fast_launch_ok(ctx, launch, nodes, sms):
-    """A fast launch is the walk with walk_shape's KS, T, depth and grid for its tiles on `sms` SMs."""
-    k = ctx.input(nodes[0]).dim_value
-    ns = [ctx.output(n).dim_value for n in nodes]
-    w = w4a16_gemv.walk_shape(sum(-(-n // 16) for n in ns), k, sms)
-    assert launch.instance.header == w4a16_gemv.WALK_HEADER
-    assert launch.block == (32 * w.ks * w.t, 1, 1) and launch.grid == (w.grid, 1, 1) and launch.smem == 0
-    if len(nodes) == 1:
-        assert launch.instance.kernel == f"kbp::w4a16_mma_walk<{k}, {w.ks}, {w.t}, {w.depth}>"
-        assert launch.args[3:] == (ctx.buf(ctx.input(nodes[0])), ctx.buf(ctx.output(nodes[0])), lit(ns[0]))
-    else:
-        assert launch.instance.kernel == f"kbp::w4a16_mma_walk_seg_list<{k}, {w.ks}, {w.t}, {w.depth}, {len(nodes)}>"
-        assert launch.instance.params == (f"kbp::W4A16SegList<{len(nodes)}>", f"const {BF}*")
-
-
-@pytest.mark.parametrize("target", ["sm_90", "sm_100", "sm_121"])
-def test_fast_forms(tiny_path, target):
-    """numerics fast: one linear and segments on the walk, its schedule from walk_shape with the
-    target's SM count, same arguments; the shared-expert pair keeps the exact kernel."""
-    plan, ctx = planned(str(tiny_path), target=target, numerics="fast")
-    sms = get_target(target).sms
+def test_fast_forms(tiny_fast):
+    """numerics fast: one linear and segments on w4a16_mma (KS, T from mma_shape), same arguments;
+    the shared-expert pair keeps the exact kernel."""
+    plan, ctx = tiny_fast
     for g in family_groups(plan, "w4a16_gemv"):
         launches = w4a16_gemv.lower(ctx, g)
         assert unwritten(plan, g, launches) == []
@@ -132,52 +114,17 @@ def test_fast_forms(tiny_path, target):
         if g.rule == "glm_w4a16_pipe_shared_1row":
             assert all(l.instance.header == "w4a16_gemv.cuh" for l in launches)
             continue
+        k = ctx.input(nodes[0]).dim_value
+        ns = [ctx.output(n).dim_value for n in nodes]
+        ks, t = w4a16_gemv.mma_shape(sum(-(-n // 16) for n in ns), k)
         (launch,) = launches
-        _fast_launch_ok(ctx, launch, nodes, sms)
-
-
-def _busiest(w, tiles, k):
-    return w.jobs(tiles, k)
-
-
-def _ideal(tiles, k, sms):
-    return tiles * -(-k // 128) / (sms * w4a16_gemv.WALK_WARPS_PER_SM)
-
-
-# The seed's launches (KDA q,k,v,f_a,b,g_a; o; q; shared gate/up; down), odd and extreme shapes.
-@pytest.mark.parametrize("tiles,k", [(1556, 4096), (256, 8192), (512, 4096), (256, 4096), (256, 2048), (1, 32),
-                                     (8, 20480), (3000, 128), (10000, 4096), (37, 1056), (133, 96)])
-@pytest.mark.parametrize("sms", [132, 148, 48, 1])
-def test_walk_shape(tiles, k, sms):
-    w = w4a16_gemv.walk_shape(tiles, k, sms)
-    chunks = -(-k // 128)
-    assert w.ks in w4a16_gemv.KS_CHOICES and (w.ks == 1 or w.ks <= chunks)
-    assert w.ks * w.t <= 16 and (w.ks == 1 or w.t <= 15) and w.block == (32 * w.ks * w.t, 1, 1)
-    # one resident wave at 16 warps per SM, and no CTA without a tile
-    assert 1 <= w.grid <= sms * (w4a16_gemv.WALK_WARPS_PER_SM // (w.ks * w.t)) and w.grid <= -(-tiles // w.t)
-    assert 1 <= w.depth <= min(w4a16_gemv.WALK_DEPTH, _busiest(w, tiles, k))
-    # no other KS leaves the busiest warp fewer chunks
-    for ks in w4a16_gemv.KS_CHOICES:
-        if ks == 1 or ks <= chunks:
-            assert _busiest(w, tiles, k) <= _busiest(w4a16_gemv.walk_shape(tiles, k, sms, ks=ks), tiles, k)
-
-
-@pytest.mark.parametrize("tiles,k", [(1556, 4096), (256, 8192), (512, 4096), (256, 4096), (256, 2048), (10000, 4096)])
-def test_walk_shape_balances_the_seed_launches(tiles, k):
-    """At the seed's sizes on 132 SMs the busiest warp has at most 5% more chunks than the average."""
-    w = w4a16_gemv.walk_shape(tiles, k, 132)
-    assert _busiest(w, tiles, k) <= 1.05 * _ideal(tiles, k, 132), (w, _busiest(w, tiles, k), _ideal(tiles, k, 132))
-
-
-def test_walk_shape_variants():
-    w = w4a16_gemv.walk_shape(1556, 4096, 132)
-    assert (w.ks, w.t, w.depth, w.grid) == (4, 2, 8, 264)
-    assert w4a16_gemv.walk_shape(1556, 4096, 132, cta_warps=16) == w4a16_gemv.WalkShape(4, 4, 8, 132)
-    assert w4a16_gemv.walk_shape(1556, 4096, 132, ks=16) == w4a16_gemv.WalkShape(16, 1, 8, 132)
-    assert w4a16_gemv.walk_shape(1556, 4096, 132, depth=3).depth == 3
-    for bad in (dict(ks=3), dict(depth=9), dict(depth=0), dict(cta_warps=32)):
-        with pytest.raises(ValueError):
-            w4a16_gemv.walk_shape(1556, 4096, 132, **bad)
+        assert launch.instance.header == "w4a16_mma.cuh" and launch.block == (32 * ks * t, 1, 1)
+        assert launch.grid == (sum(-(-n // (16 * t)) for n in ns), 1, 1)
+        if len(nodes) == 1:
+            assert launch.instance.kernel == f"kbp::w4a16_mma<{k}, {ks}, {t}>"
+            assert launch.args[3:] == (ctx.buf(ctx.input(nodes[0])), ctx.buf(ctx.output(nodes[0])), lit(ns[0]))
+        else:
+            assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}>"
 
 
 @pytest.mark.parametrize("tiles,k", [(512, 4096), (256, 8192), (1556, 4096), (1, 32), (8, 20480), (3000, 128)])
@@ -207,18 +154,3 @@ def test_seed_projection_families(seed_path):
             launches = module.lower(ctx, g)
             assert unwritten(plan, g, launches) == [], (family, g.rule)
             assert all(0 < l.grid[0] < 2 ** 31 and 0 < l.grid[1] < 65536 for l in launches)
-
-
-def test_seed_fast_w4a16_launches_are_walks(seed_path):
-    """Every fast w4a16 launch of the seed that is not the shared-expert pair is the walk, sized for
-    sm_90's SMs."""
-    plan, ctx = planned(str(seed_path))
-    sms = get_target("sm_90").sms
-    seen = 0
-    for g in family_groups(plan, "w4a16_gemv"):
-        if g.rule == "glm_w4a16_pipe_shared_1row":
-            continue
-        for launch in w4a16_gemv.lower(ctx, g):
-            _fast_launch_ok(ctx, launch, [plan.blueprint.node_by_id[n] for n in launch.nodes], sms)
-            seen += 1
-    assert seen
