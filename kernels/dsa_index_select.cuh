@@ -3,13 +3,14 @@
 // (family header dsa_indexer.cuh: state, math, order).
 //
 // Launch contract
-//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
+//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
 //       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
 //   q float [H][D]; raw_w float [H] = (W_w x)_h; pool keys as the family header says (FP8 picks
 //   pool_codes + pool_scales, else pool_keys; the other pointers may be null); scores float
 //   [capacity]; hist uint32 [2^BITS] and arrive uint32 [1], both zero at launch and left zero;
 //   sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
 //   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
+//   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below.
 //
 // Work. Phase 1, every CTA: the valid pools are cut into G contiguous ranges of whole 32-pool
 // chunks; a CTA stages its chunks in shared memory (cp.async, double-buffered; the FP8 cache is
@@ -22,6 +23,15 @@
 // (score key, complemented pool index) in shared memory, or, when the bin holds more candidates
 // than fit, by radix passes over the scores in memory; sorts the k by rank (bitonic) and expands
 // them. It clears `hist` and `arrive` for the next launch.
+//
+// QROT. The normalised Walsh-Hadamard matrix is symmetric and orthogonal (FWHT(FWHT(x)) = D x), so
+// q . ktilde = q . FWHT(sigma c) / D = (sigma / D) (FWHT(q) . c), c = e4m3(code). Each warp rotates
+// its heads' queries once per launch, qhat = fl(FWHT(q) * fl(1/sqrtf(D)) / D) (the factor is exact),
+// and a pool's head dot is x = fl(qhat . c) * sigma (a power of two: exact in the normal range):
+// no per-pool rotation. Lane l holds channels J l .. J l + J - 1 (one 32-bit word of codes for
+// D = 128) and sums them by FMA from the first product, then the 32-lane butterfly. This rounds
+// differently from the read-back; the bound is kbpc/reference/dsa_indexer.py rotated_score_bound.
+// The selection code is the same, so the selected pools are the top k of the scores written.
 #pragma once
 
 #include "dsa_indexer_common.cuh"
@@ -193,7 +203,26 @@ __device__ __forceinline__ unsigned long long dsa_bitonic_desc(unsigned long lon
     return v;
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS>
+// The J codes of channels J l .. J l + J - 1 (J = D / 32 in {1, 2, 4}; src aligned to J bytes).
+template <int J>
+__device__ __forceinline__ void dsa_e4m3_lane_codes(const uint8_t* src, float (&v)[J]) {
+    static_assert(J == 1 || J == 2 || J == 4, "D <= 128");
+    if constexpr (J == 1) {
+        v[0] = e4m3_to_f32(src[0]);
+    } else {
+        const uint32_t w = J == 4 ? *reinterpret_cast<const uint32_t*>(src)
+                                  : (uint32_t)*reinterpret_cast<const uint16_t*>(src);
+#pragma unroll
+        for (int i = 0; i < J; i += 2) {   // the lower byte is the lower channel
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (8 * i)), __NV_E4M3);
+            const float2 f = __half22float2(__half2(h));
+            v[i] = f.x;
+            v[i + 1] = f.y;
+        }
+    }
+}
+
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
 __device__ __forceinline__ void dsa_index_select_body(
     const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
     const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
@@ -204,6 +233,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     constexpr int NPS = DSA_SELECT_WARPS / NHG, NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
     static_assert(D % 32 == 0 && D <= 128, "lane-strided channels, staged 32 pools at a time");
     static_assert(!FP8 || (D & (D - 1)) == 0, "the rotation needs a power-of-two width");
+    static_assert(!QROT || FP8, "the rotated query scores the FP8 codes");
     static_assert(H >= 1 && NHG <= DSA_SELECT_WARPS, "at most 128 heads");
     static_assert(TOPK_POOLS >= 1 && TOPK_POOLS <= NSORT, "the selection is sorted one key per thread");
     static_assert(BITS >= 9 && BITS <= 16 && BINS % T == 0, "first-digit bins");
@@ -225,6 +255,7 @@ __device__ __forceinline__ void dsa_index_select_body(
 
     for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;
     const int hg = warp % NHG, ps = warp / NHG;
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     float qr[HW][J], w_lane;
     {
         const float inv_sqrt_h = 1.0f / sqrtf((float)H);
@@ -235,7 +266,20 @@ __device__ __forceinline__ void dsa_index_select_body(
         const int hw = hg * HW + lane % HW;
         w_lane = hw < H ? raw_w[hw] * inv_sqrt_h : 0.0f;
     }
-    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    if constexpr (QROT) {   // qhat = FWHT(q) * fl(1/sqrtf(D)) / D, moved to the lane's J channels
+        float* xs = sm.p1.keys + warp * D;   // a warp's slice: free until the first chunk is scored
+        const float c0 = __fdiv_rn(inv_sqrt_d, (float)D);
+#pragma unroll
+        for (int hl = 0; hl < HW; ++hl) {
+            dsa_fwht_warp<J>(qr[hl], lane);
+#pragma unroll
+            for (int j = 0; j < J; ++j) xs[lane + 32 * j] = __fmul_rn(qr[hl][j], c0);
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < J; ++j) qr[hl][j] = xs[J * lane + j];
+            __syncwarp();
+        }
+    }
 
     auto stage = [&](int c) {
         const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
@@ -250,7 +294,7 @@ __device__ __forceinline__ void dsa_index_select_body(
         const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
         cp_async_step(stage, c, chunks);
         const float* kbuf = reinterpret_cast<const float*>(sm.p1.raw[buf]);
-        if constexpr (FP8) {   // read back: ktilde = FWHT(sigma * e4m3(code)) / D, one warp per pool
+        if constexpr (FP8 && !QROT) {   // read back: ktilde = FWHT(sigma * e4m3(code)) / D, one warp per pool
             for (int p = warp; p < cnt; p += DSA_SELECT_WARPS) {
                 float v[J];
                 const float sigma = sm.p1.scales[buf][p];
@@ -269,18 +313,23 @@ __device__ __forceinline__ void dsa_index_select_body(
 #pragma unroll
                 for (int pl = 0; pl < RP; ++pl) {
                     float kv[J];
+                    if constexpr (QROT) {
+                        dsa_e4m3_lane_codes<J>(sm.p1.raw[buf] + (r * RP + pl) * D + J * lane, kv);
+                    } else {
 #pragma unroll
-                    for (int j = 0; j < J; ++j) kv[j] = kbuf[(r * RP + pl) * D + lane + 32 * j];
+                        for (int j = 0; j < J; ++j) kv[j] = kbuf[(r * RP + pl) * D + lane + 32 * j];
+                    }
 #pragma unroll
                     for (int hl = 0; hl < HW; ++hl) {
                         float acc = qr[hl][0] * kv[0];
 #pragma unroll
-                        for (int j = 1; j < J; ++j) acc = acc + qr[hl][j] * kv[j];
+                        for (int j = 1; j < J; ++j) acc = QROT ? __fmaf_rn(qr[hl][j], kv[j], acc) : acc + qr[hl][j] * kv[j];
                         part[pl * HW + hl] = acc;
                     }
                 }
-                const float x = transpose_reduce32(part, lane) * inv_sqrt_d;   // slot lane = (pl, hl)
                 const int p = r * RP + lane / HW, h = hg * HW + lane % HW;
+                const float factor = QROT ? (p < cnt ? sm.p1.scales[buf][p] : 0.0f) : inv_sqrt_d;
+                const float x = transpose_reduce32(part, lane) * factor;   // slot lane = (pl, hl)
                 if (h < H && p < cnt) sm.p1.terms[p][h] = w_lane * (x > 0.0f ? x : 0.0f);
             }
         }
@@ -365,13 +414,13 @@ __device__ __forceinline__ void dsa_index_select_body(
     dsa_expand<KP, TOPK_POOLS>([&](int r) { return dsa_rank_index(sorted[r]); }, k, s_len, t_pos, sel_tokens);
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS>
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
 __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
     const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
     const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
     const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores,
     uint32_t* __restrict__ hist, uint32_t* __restrict__ arrive, int32_t* __restrict__ sel_tokens) {
-    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
+    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
                                                            tau, scores, hist, arrive, sel_tokens);
 }
 

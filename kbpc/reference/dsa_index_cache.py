@@ -42,6 +42,14 @@ def fwht(x) -> np.ndarray:
     return y
 
 
+def hadamard(n: int) -> np.ndarray:
+    """The unnormalised Walsh-Hadamard matrix of order n (Sylvester), float64: fwht(x) = x H = H x."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
 def scale_exponent(max_abs) -> np.ndarray:
     """e (int32) per key: the smallest integer with max_abs <= 448 * 2^e, clamped."""
     m = np.asarray(max_abs, F32)

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kbpc.ir.state import INDEX_CACHE_KINDS
-from kbpc.reference.dsa_index_cache import dequantize_pool_keys, quantize_pool_keys
+from kbpc.reference.dsa_index_cache import dequantize_pool_keys, hadamard, quantize_pool_keys
 from kbpc.reference.f32ops import exp_f32
-from kbpc.reference.formats import bf16_bits, bf16_from_bits
+from kbpc.reference.formats import bf16_bits, bf16_from_bits, e4m3_decode
 from kbpc.reference.fp32 import seq_sum, tree_sum
 
 F32 = np.float32
@@ -169,6 +169,50 @@ def index_scores(geo: IndexerGeometry, q, raw_w, pool_keys, seq_len: int, tau: i
     terms = (head_weights(raw_w, geo.heads)[None, :] * relu).astype(F32)
     out[:n] = seq_sum(terms, axis=-1, start=F32(0))
     return out
+
+
+U = 2.0 ** -24            # FP32 unit roundoff
+U_SLACK = 1.01 * U        # absorbs gamma_n = n u / (1 - n u) and the second-order terms (n < 400)
+F32_TINY = 2.0 ** -149    # the FP32 subnormal spacing: the most an underflowing rounding loses
+
+
+def rotated_score_bound(geo: IndexerGeometry, q, raw_w, codes, sigma) -> np.ndarray:
+    """(n,) float64 bound on |I_fast - I_ref| per pool of the fp8 cache (codes uint8 [n, D_I], sigma
+    [n]) for the select's rotated-query form (kernels/dsa_index_select.cuh, QROT; numerics `fast`).
+
+    Per head, with c = e4m3(code), x = sigma c (exact), ktilde the reference's read-back,
+    Hq = FWHT(q) exactly, c_d = fl(1/sqrtf(D)), L = log2 D, J = D / 32, and the magnitudes
+        A = sum_d |q_d ktilde_d|,  B = |q|_1 |x|_1 / D,  C = sum_d |(Hq)_d x_d| / D,
+    the reference's head dot is within c_d u' ((L + 1) B + (J + 6) A) and the fast one within
+    c_d u' ((L + 1) B + (J + 6) C) of the exact x* = c_d (Hq) . x / D = c_d q . FWHT(x) / D:
+    - reference: each ktilde_d errs by gamma_L |x|_1 / D (an FWHT output is a +-sum of the D inputs
+      through L rounded additions), and the dot (product, J - 1 lane adds, 5 tree adds) and the
+      c_d multiply cost gamma_{J+6} relative to A;
+    - fast: each FWHT(q)_d errs by gamma_L |q|_1, qhat_d = fl(FWHT(q)_d c_d / D) costs u, the FMA
+      chain (J - 1 adds) and the 5 tree adds cost gamma_{J+5} relative to C; the sigma multiply is
+      exact (a power of two) unless the result is subnormal.
+    So |x_fast - x_ref| <= bx = c_d u' ((2L + 2) B + (J + 6)(A + C)) + (D + 8) 2^-149 (underflow).
+    relu is 1-Lipschitz, and each side then rounds t_h = fl(w_h r_h) and adds H terms from +0
+    (H roundings in all, each relative to a sum of |t_h| <= |w_h| (c_d A (1 + u') + bx)), so
+        |I_fast - I_ref| <= sum_h |w_h| (bx_h (1 + 2 (H + 1) u') + 2 (H + 1) u' c_d A_h).
+    For incoherent keys |x|_1 ~ sqrt(D) |ktilde|_1 so B ~ sqrt(D) A and C ~ A: about
+    ((2L + 2) sqrt(D) + 2 (J + 6) + 2 (H + 1)) u relative to sum_h |w_h| c_d A_h (~250 u at the
+    seed's sizes). Assumes no FP32 overflow (the reference would overflow too)."""
+    d, heads = geo.head_dim, geo.heads
+    levels, j = d.bit_length() - 1, d // WARP
+    q64 = np.abs(np.asarray(q, F32).astype(np.float64))                       # (H, D)
+    codes = np.asarray(codes, np.uint8)
+    x = np.abs(e4m3_decode(codes).astype(np.float64) * np.asarray(sigma, F32).astype(np.float64)[:, None])
+    kt = np.abs(dequantize_pool_keys(codes, sigma).astype(np.float64))          # (n, D)
+    qh = np.abs(np.asarray(q, F32).astype(np.float64) @ hadamard(d))           # H is symmetric
+    a = kt @ q64.T                                                              # (n, H)
+    b = np.outer(x.sum(axis=-1), q64.sum(axis=-1)) / d
+    c = x @ qh.T / d
+    c_d = float((F32(1) / np.sqrt(F32(d))).astype(F32))
+    bx = c_d * U_SLACK * ((2 * levels + 2) * b + (j + 6) * (a + c)) + (d + 8) * F32_TINY
+    w = np.abs(head_weights(raw_w, heads).astype(np.float64))
+    per_head = bx * (1 + 2 * (heads + 1) * U_SLACK) + 2 * (heads + 1) * U_SLACK * c_d * a
+    return per_head @ w
 
 
 def top_pools(scores, k: int) -> np.ndarray:

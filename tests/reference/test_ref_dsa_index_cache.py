@@ -13,18 +13,11 @@ from kbpc.reference.formats import e4m3_decode, to_bf16
 F32 = np.float32
 
 
-def _hadamard(n: int) -> np.ndarray:
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
 @pytest.mark.parametrize("n", [1, 2, 32, 128])
 def test_fwht_is_the_hadamard_product(n):
     rng = np.random.default_rng()
     x = rng.normal(size=(5, n)).astype(F32)
-    exact = x.astype(np.float64) @ _hadamard(n).T
+    exact = x.astype(np.float64) @ fp8c.hadamard(n).T
     np.testing.assert_allclose(fwht := fp8c.fwht(x), exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
     np.testing.assert_allclose(fp8c.fwht(fwht) / n, x, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError):

@@ -12,6 +12,11 @@ order and expands them (and the tail pool) to token ids: one launch for the blue
 (scores, a two-pass multi-CTA top-k, expansion). Its scratch is state of the select node
 (kbpc/ir/state.py, kind index:read): scores, the first-digit histogram and the arrival counter.
 
+Numerics `fast` with the fp8 index cache picks the select's rotated-query form (template flag
+QROT): each head's query is rotated once and a pool's score is a dot product with its codes times
+its scale, instead of rotating every pool key back; it rounds differently, within
+kbpc.reference.dsa_indexer.rotated_score_bound. `exact` keeps the read-back (the reference's bits).
+
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
 
@@ -56,9 +61,12 @@ def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
                           STORE_PARAMS)
 
 
-def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool) -> KernelInstance:
+def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool, qrot: bool = False) -> KernelInstance:
+    """qrot: score the fp8 codes against the rotated query (numerics `fast` only)."""
+    if qrot and not fp8:
+        raise ValueError("the rotated-query form scores the fp8 index cache")
     return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_select<{heads}, {d}, {kp}, "
-                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}>", SELECT_PARAMS)
+                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}, {_cbool(qrot)}>", SELECT_PARAMS)
 
 
 def select_blocks(target: str, capacity_pools: int) -> int:
@@ -72,6 +80,11 @@ def _cbool(v: bool) -> str:
 
 def _fp8(ctx: LowerCtx) -> bool:
     return ctx.plan.options.index_cache == "fp8"
+
+
+def _rotated_query(ctx: LowerCtx) -> bool:
+    """The select's fast form: fp8 cache and `fast` numerics (exact keeps the reference's read-back)."""
+    return _fp8(ctx) and ctx.plan.options.numerics == "fast"
 
 
 def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
@@ -130,7 +143,7 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
     blocks = select_blocks(ctx.plan.options.target, capacity)
-    inst = select_instance(heads, d, kp, topk, _fp8(ctx))
+    inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
             ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
