@@ -92,6 +92,12 @@ def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     return fused_fits(bp, nodes)
 
 
+# Measured on an H200 (128-expert seed shrink, 1k context, the same build otherwise, two runs each).
+COMBINE_SLOWER = ("measured slower in the step on an H200 (128-expert seed shrink, 1k context: 7.06 / 7.04 ms a "
+                  "step with moe_combine_hc and moe_combine_head vs 5.90 / 5.82 ms without, though the fused "
+                  "boundary alone takes 7.9 us against 8.1 us for the two launches; the fused launch waits on "
+                  "the shared expert's stream, which costs it programmatic dependent launch)")
+
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
 # so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
 # and router_gemv_topk do.
@@ -111,10 +117,12 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("moe_combine_hc", "glm_mhc", ("blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "blend",
                "the MoE combine runs as the boundary kernel's prologue (hc_boundary with PreParams<N, 1, K>): "
                "the blend's launch, its dependency and its BF16 row in memory go; the merged group keeps the "
-               "blend's wait on the shared expert's stream", _blend_feeds_post_only, tensor_parallel=False),
+               "blend's wait on the shared expert's stream", _blend_feeds_post_only, tensor_parallel=False,
+               default=False, off_by_default_why=COMBINE_SLOWER),
     FusionRule("moe_combine_head", "glm_mhc", ("blend", "hc_post", "hc_contract", "final_norm"), "blend",
                "the last MoE layer's combine runs inside the head + final norm kernel: one launch and one "
-               "dependency fewer", _blend_feeds_post_only, tensor_parallel=False),
+               "dependency fewer", _blend_feeds_post_only, tensor_parallel=False, default=False,
+               off_by_default_why=COMBINE_SLOWER),
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
                "and one pass over the streams fewer per boundary"),

@@ -168,8 +168,8 @@ def test_fused_boundary(tiny_path):
 
 
 def _combine_plan(tiny_path):
-    """The default rules (the opt-in fused MoE layer would take the blends first)."""
-    plan = run_pipeline(load_blueprint(Path(tiny_path)), Options())
+    """The opt-in combine rules (the opt-in fused MoE layer would take the blends first)."""
+    plan = run_pipeline(load_blueprint(Path(tiny_path)), Options(add_fusions=("moe_combine_hc", "moe_combine_head")))
     return plan, LowerCtx(plan)
 
 
