@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
 
 from kernels import Case, rotations  # noqa: E402
 
@@ -23,12 +22,6 @@ H, DK, W = 64, 128, 4          # KDA heads, head width, conv width (the seed)
 N = H * DK                     # 8192
 C = 3 * N                      # packed q|k|v channels
 KR = 128                       # gate rank
-
-
-def _sources():
-    import test_gpu_kda as kda  # noqa: PLC0415  (the tests' wrappers are the benchmarked entries)
-    import test_gpu_norms as norms  # noqa: PLC0415
-    return kda, norms
 
 
 def _rand(shape, dtype):
@@ -41,18 +34,21 @@ def _rand(shape, dtype):
     return (rng.standard_normal(shape) * 0.1).astype(dtype)
 
 
-def _case(name, shape, nbytes, source_fn, entry, arrays, args_fn, block, grid):
-    """arrays: {key: (shape, dtype, rotate)}; args_fn(bufs) -> kernel arguments for one set."""
+def _case(name, shape, nbytes, instance_fn, arrays, args_fn, block, grid):
+    """The product kernel instance_fn() (kbpc.testing.instances) through the product launcher.
+    arrays: {key: (shape, dtype, rotate)}; args_fn(bufs) -> kernel arguments for one set."""
     def setup():
-        from kbpc.testing.gpu import load_module, to_gpu  # noqa: PLC0415
-        fn = load_module(source_fn(), "bench_kda").get_function(entry)
+        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run = launcher(instance_fn())
         sets = rotations(nbytes)
         fixed = {k: to_gpu(_rand(s, d)) for k, (s, d, rot) in arrays.items() if not rot}
         rot = [{k: to_gpu(_rand(s, d)) for k, (s, d, r) in arrays.items() if r} for _ in range(sets)]
         argsets = [args_fn({**fixed, **r}) for r in rot]
 
         def launch(i):
-            fn(*argsets[i % sets], block=block, grid=grid)
+            run(grid, block, *argsets[i % sets], sync=False)
+        launch.keep = (fixed, rot)   # the argument sets point into these: keep them alive
         return launch
     return Case(name=name, shape=shape, bytes_moved=nbytes, setup=setup)
 
@@ -66,21 +62,23 @@ BF, FP = np.uint16, np.float32
 
 
 def _cases():
-    kda, norms = _sources()
+    from kbpc.codegen.families.kda_gates_w8a8 import gate_blocks  # noqa: PLC0415
+    from kbpc.reference import rms_norm as ref_rms  # noqa: PLC0415
+    from kbpc.testing import instances as ki  # noqa: PLC0415
     out = [
-        _case("kda_pack::kda_pack_qkv_bf16", f"3x{N} -> {C} bf16", 4 * C, lambda: kda.pack_source(N, N, N),
-              "kda_pack", {"q": ((N,), BF, 1), "k": ((N,), BF, 1), "v": ((N,), BF, 1), "o": ((C,), BF, 1)},
+        _case("kda_pack::kda_pack_qkv_bf16", f"3x{N} -> {C} bf16", 4 * C, lambda: ki.kda_pack(N, N, N),
+              {"q": ((N,), BF, 1), "k": ((N,), BF, 1), "v": ((N,), BF, 1), "o": ((C,), BF, 1)},
               lambda b: (b["q"], b["k"], b["v"], I32(N), I32(N), I32(N), b["o"], I32(C)),
               (256, 1, 1), (-(-C // 8 // 256), 1)),
         _case("causal_conv1d_l2norm::update_l2norm", f"{C} ch, w{W}, bf16 out", C * (2 + 32 + 2 * W + 2 + 2),
-              lambda: kda.conv_source(C, 2 * N, DK, W, 256, "bf16"), "conv_bf16",
+              lambda: ki.causal_conv(C, 2 * N, DK, W, 256),
               {"x": ((C,), BF, 1), "win": ((C, W), FP, 1), "taps": ((C, W), BF, 0), "bias": ((C,), BF, 0),
                "y": ((C,), BF, 1)},
               lambda b: (b["x"], I32(C), b["win"], I64(C * W), b["taps"], b["bias"], F(1e-6), b["y"], I32(C)),
               (256, 1, 1), (C // 256, 1)),
         _case("kda_gates_w8a8::k128_rows m=1", f"2x{N}x{KR} e4m3",
               2 * N * KR + 2 * N * 4 + 2 * KR * 2 + H * 6 + N * 4 + N * 6 + H * 4,
-              lambda: kda.gates_source(N, KR, DK, 4), "kda_gates",
+              lambda: ki.kda_gates(N, KR, DK, 4),
               {"xf": ((KR,), BF, 1), "xg": ((KR,), BF, 1), "wf": ((N, KR), np.uint8, 1),
                "swf": ((N,), FP, 1), "wg": ((N, KR), np.uint8, 1), "swg": ((N,), FP, 1),
                "a": ((H,), FP, 0), "dt": ((N,), FP, 0), "b": ((H,), BF, 1), "decay": ((N,), FP, 1),
@@ -88,12 +86,12 @@ def _cases():
               lambda b: (b["xf"], b["xg"], I32(KR), I32(1), b["wf"], b["swf"], b["wg"], b["swg"], b["a"],
                          b["dt"], F(-5.0), b["b"], I32(H), b["decay"], I32(N), b["og"], I32(N), b["beta"],
                          I32(H), np.uintp(0), I32(N)),
-              (128, 1, 1), (2 * kda.gates_blocks(N, 4), 1)),
+              (128, 1, 1), (2 * gate_blocks(N, 4), 1)),
     ]
     for cols in (32, 64, 128):
         out.append(_case(f"kda_recurrent::seq_reg cols={cols}", f"{H}x{DK}x{DK} f32 state",
                          2 * H * DK * DK * 4 + C * 2 + N * 4 + H * 4 + N * 4,
-                         lambda cols=cols: kda.recurrent_source(H, H, DK, DK, cols, 1), "kda_rec",
+                         lambda cols=cols: ki.kda_recurrent(H, H, DK, DK, cols, 1),
                          {"qkv": ((C,), BF, 1), "g": ((N,), FP, 1), "beta": ((H,), FP, 1),
                           "state": ((H, DK, DK), FP, 1), "out": ((N,), FP, 1)},
                          lambda b: (_p(b["qkv"]), _p(b["qkv"], N), _p(b["qkv"], 2 * N), I32(C), b["g"], I32(N),
@@ -101,20 +99,20 @@ def _cases():
                                     np.uintp(0), b["out"], I32(N)),
                          (cols, 1, 1), (H, DK // cols, 1)))
     out.append(_case("kda_o_norm::gated_bf16", f"{H}x{DK}", N * 4 + N * 2 + DK * 2 + N * 2,
-                     lambda: kda.onorm_source(H, DK), "kda_onorm",
+                     lambda: ki.kda_o_norm(H, DK),
                      {"o": ((N,), FP, 1), "z": ((N,), BF, 1), "w": ((DK,), BF, 0), "y": ((N,), BF, 1)},
                      lambda b: (b["o"], I32(N), b["z"], I32(N), b["w"], I32(0), F(1e-6), b["y"], I32(N)),
                      (DK, 1, 1), (H, 1)))
     for d, one_plus in ((4096, True), (1536, False)):
-        t = norms.ref_rms.block_threads(d)
+        t = ref_rms.block_threads(d)
         out.append(_case(f"rms_norm::{'rms_norm' if one_plus else 'vanilla'}", f"1x{d} bf16", 3 * d * 2,
-                         lambda d=d, one_plus=one_plus: norms.rms_source(d, one_plus, "norm"), "rms",
+                         lambda d=d, t=t, one_plus=one_plus: ki.rms_norm(d, t, one_plus, 0),
                          {"x": ((d,), BF, 1), "w": ((d,), BF, 0), "y": ((d,), BF, 1)},
                          lambda b, d=d: (b["x"], I64(d), I64(d), np.uintp(0), I64(d), np.uintp(0), I64(d),
                                          b["w"], F(1e-6), b["y"], I64(d), I64(d)),
                          (t, 1, 1), (1, 1)))
     out.append(_case("layer_norm::layer_norm_bf16", "1x128 bf16 in place", 4 * 128 * 2,
-                     lambda: norms.ln_source(128), "ln",
+                     lambda: ki.layer_norm(128, 128),
                      {"x": ((128,), BF, 1), "w": ((128,), BF, 0), "b": ((128,), BF, 0)},
                      lambda b: (b["x"], I64(128), b["w"], b["b"], F(1e-6), b["x"], I64(128)),
                      (128, 1, 1), (1, 1)))

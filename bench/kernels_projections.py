@@ -90,6 +90,16 @@ def w4a16_silu(name, n, k):
 
 # ------------------------------------------------------------------ w4a4
 
+def _expert_stacks(slots, n, k):
+    """(rotations, codes, scales, tensor scales, ids per rotation) of `slots` distinct NVFP4 experts
+    per launch, rotated so consecutive launches read more than the L2 holds."""
+    from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+    rot = rotations(slots * _nvfp4_bytes(n, k))
+    experts = slots * rot
+    ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+    return (rot, _dev(experts * n * k // 2), _dev(experts * n * k // 16), to_gpu(np.ones(experts, np.float32)), ids)
+
+
 def w4a4_slots(name, n, k, slots, shared):
     """Routed-expert slot GEMV: `slots` distinct experts per launch, ids read on the device."""
     wb = slots * _nvfp4_bytes(n, k)
@@ -97,11 +107,7 @@ def w4a4_slots(name, n, k, slots, shared):
     def setup():
         f = _mod(f'#include "w4a4_mx_static.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) m(const int* ids, int div, const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, const float* sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_moe_slots_dev<{k}>(ids, div, ac, as, ag, wc, ws, sg, y, N); }}', f"bw44m{k}").get_function("m")
         from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
-        rot = rotations(wb)
-        experts = slots * rot
-        wc, ws = _dev(experts * n * k // 2), _dev(experts * n * k // 16)
-        sg = to_gpu(np.ones(experts, np.float32))
-        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        rot, wc, ws, sg, ids = _expert_stacks(slots, n, k)
         rows = 1 if shared else slots
         ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
         y = _dev(2 * slots * n)
@@ -116,19 +122,14 @@ def w4a4_slots(name, n, k, slots, shared):
 def w4a4_slots_launcher(name, n, k, slots, shared):
     """The step's slot GEMV (w4a4_gemv_moe_slots, its own launch bounds) through the product
     launcher, on rows quantized once; "moe_slots" above is the same body built at 2 CTAs per SM."""
-    from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS  # noqa: PLC0415
-    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
-    inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
-                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
+    from kbpc.testing.instances import w4a4_moe_slots  # noqa: PLC0415
     wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
 
     def setup():
         from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        run, rot = launcher(inst), rotations(wb)
-        wc, ws = _dev(slots * rot * n * k // 2), _dev(slots * rot * n * k // 16)
-        sg = to_gpu(np.ones(slots * rot, np.float32))
-        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        run = launcher(w4a4_moe_slots(k))
+        rot, wc, ws, sg, ids = _expert_stacks(slots, n, k)
         ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
         y = _dev(2 * slots * n)
 
@@ -142,19 +143,13 @@ def w4a4_slots_launcher(name, n, k, slots, shared):
 def w4a4_slots_bf16(name, n, k, slots, shared):
     """The routed slot GEMV quantizing its BF16 row in every CTA (w4a4_gemv_moe_slots_bf16: the
     step's form before 2026-12-01, beside the quantize-once pair the step launches now)."""
-    from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS  # noqa: PLC0415
-    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
-    inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots_bf16<{k}>",
-                          ("const int*", "int", "const __nv_bfloat16*", "float", *W_PARAMS))
+    from kbpc.testing.instances import w4a4_moe_slots_bf16  # noqa: PLC0415
     wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
 
     def setup():
-        from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        run, rot = launcher(inst), rotations(wb)
-        wc, ws = _dev(slots * rot * n * k // 2), _dev(slots * rot * n * k // 16)
-        sg = to_gpu(np.ones(slots * rot, np.float32))
-        ids = [to_gpu(np.arange(r * slots, (r + 1) * slots, dtype=np.int32)) for r in range(rot)]
+        run = launcher(w4a4_moe_slots_bf16(k))
+        rot, wc, ws, sg, ids = _expert_stacks(slots, n, k)
         x, y = _dev(2 * rows * k), _dev(2 * slots * n)
 
         def launch(i, stream=None):
@@ -167,9 +162,8 @@ def w4a4_slots_bf16(name, n, k, slots, shared):
 
 def w4a4_quant_swiglu(rows, k):
     """The down projection's input rows: SwiGLU + NVFP4 quantization, one CTA per slot."""
-    from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
-    inst = KernelInstance("w4a4_mx_static", "w4a4_mx_static.cuh", f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
-                          ("const __nv_bfloat16*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
+    from kbpc.testing.instances import w4a4_quant_swiglu_rows_static  # noqa: PLC0415
+    inst = w4a4_quant_swiglu_rows_static(k)
 
     def setup():
         from kbpc.testing.launchers import launcher  # noqa: PLC0415

@@ -8,10 +8,9 @@ indexer's selection and the split MLA decode keep the scratch their last-arrivin
 (arrival counters that the kernels return to zero, so a replayed step finds them zeroed), and so
 does every top-k for the fused router (its logits and arrival counter, used when the fusion rule
 router_gemv_topk merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
-the state does not depend on which fusions ran). A
-routed expert's NVFP4 input quantizer keeps the quantized rows it hands to the expert GEMV in its
-group (codes, scales, global scale: scratch of one step). Caches
-are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
+the state does not depend on which fusions ran). A routed expert's NVFP4 input quantizer keeps the
+quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
+one step). Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
 cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool."""
 from __future__ import annotations
 
@@ -92,7 +91,7 @@ def _mla_read(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
     return mla_merge_state(node, q.rows_per_token * batch, max(1, q.dim_value // latent), latent)
 
 
-ROUTED_EXPERT_OPS = ("expert_gate_up", "expert_down")
+ROUTED_EXPERT_OPS = ("expert_gate_up", "expert_down")   # the routed expert GEMVs' ops (one home)
 
 
 def routed_quant_rows(node: Node, rows: int, k: int) -> tuple[StateBuffer, StateBuffer, StateBuffer]:

@@ -93,10 +93,8 @@ def w4a4_quant_rows_static(k: int) -> KernelInstance:
                           (f"const {BF}*", "float", "uint8_t*", "uint8_t*", "float*"))
 
 
-def w4a4_moe_slots(k: int) -> KernelInstance:
-    return KernelInstance("w4a4_mx_static", w4a4_mx_static.HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
-                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*",
-                           *w4a4_mx_static.W_PARAMS))
+w4a4_moe_slots = w4a4_mx_static.slots_instance                   # the lowering's own
+w4a4_quant_swiglu_rows_static = w4a4_mx_static.quant_swiglu_instance
 
 
 def w4a4_moe_slots_bf16(k: int) -> KernelInstance:

@@ -8,11 +8,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from kbpc.codegen.families.w4a4_mx_static import HEADER, W_PARAMS
-from kbpc.codegen.records import KernelInstance
 from kbpc.reference import w4a4_mx_static as ref_w4a4s
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_nvfp4, quantize_nvfp4_static, to_bf16
 from kbpc.reference.glm_swiglu_clamp import swiglu_clamp_rows
+from kbpc.testing.instances import w4a4_moe_slots, w4a4_quant_swiglu_rows_static
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng()   # fresh inputs every run; failures print the sizes
@@ -58,10 +57,7 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     gu = to_bf16(RNG.standard_normal((top_k, 2 * k)).astype(np.float32) * np.float32(4.0))
     h = swiglu_clamp_rows(gu, LIMIT)
     gamma = np.float32(np.abs(h).max() / 2688)
-    quant = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
-                           ("const __nv_bfloat16*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
-    slots = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
-                           ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
+    quant, slots = w4a4_quant_swiglu_rows_static(k), w4a4_moe_slots(k)
     c, s, a = (gpu.poisoned((top_k, k // 2), np.uint8), gpu.poisoned((top_k, k // 16), np.uint8),
                gpu.poisoned((top_k,), np.float32))
     launcher(quant)((top_k, 1, 1), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)), LIMIT, gamma, c, s, a, pdl=True)

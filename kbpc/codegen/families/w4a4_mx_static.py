@@ -18,15 +18,15 @@ CTAs, which leaves room on every SM for the shared expert running beside it on a
 Same bytes as the unfused chain in every form."""
 from __future__ import annotations
 
-from kbpc.codegen.args import lit
+from kbpc.codegen.args import WeightScalar, lit
 from kbpc.codegen.context import LowerCtx, Quant, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, materialized, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
+from kbpc.ir.state import ROUTED_EXPERT_OPS as EXPERT_OPS
 
 HEADER = "w4a4_mx_static.cuh"
-EXPERT_OPS = ("expert_gate_up", "expert_down")
 W_PARAMS = ("const uint8_t*", "const uint8_t*", "const float*", f"{BF16}*", "int")
 SWIGLU_OPS = ("swiglu_clamp", "silu_mul")
 
@@ -44,7 +44,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     return launches
 
 
-def _gamma(ctx: LowerCtx, quant: Node) -> str:
+def _gamma(ctx: LowerCtx, quant: Node) -> WeightScalar:
     """The static activation scale: the input_scale of the node consuming the quantized row."""
     consumer = ctx.bp.node(ctx.output(quant).dst)
     return ctx.weight_value(consumer, "input_scale")
@@ -63,6 +63,18 @@ def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | Non
     return Launch(inst, grid=(rows, 1, 1), block=BLOCK, smem=0,
                   args=(ctx.buf(x), _gamma(ctx, node), out.codes, out.scales, out.globals),
                   group=group.id, nodes=(node.id,))
+
+
+def slots_instance(k: int) -> KernelInstance:
+    """The routed slot GEMV over quantized rows (w4a4_gemv_moe_slots)."""
+    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
+                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
+
+
+def quant_swiglu_instance(k: int) -> KernelInstance:
+    """The routed SwiGLU + NVFP4 quantizer of the down projection's input (rule moe_swiglu_down)."""
+    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
+                          (f"const {BF16}*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
 
 
 def _scratch(ctx: LowerCtx, quant: Node) -> Quant:
@@ -96,13 +108,10 @@ def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
         slots, div = _slot_shape(ctx, node, ids, ctx.rows(x))
         first = _quant_rows(ctx, group, quant, rows)
     else:   # rule moe_swiglu_down
-        clamp, act, gu = _fused_swiglu(ctx, group, x, x.dim_value)
+        clamp, act, gu = _fused_swiglu(ctx, group, x)
         slots, div = _slot_shape(ctx, node, ids, ctx.rows(gu))
         require(div == 1, f"a fused SwiGLU input needs one row per slot ({slots} slots, {ctx.rows(gu)} rows)", node)
-        k = x.dim_value
-        inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
-                              (f"const {BF16}*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
-        first = Launch(inst, grid=(slots, 1, 1), block=BLOCK, smem=0,
+        first = Launch(quant_swiglu_instance(x.dim_value), grid=(slots, 1, 1), block=BLOCK, smem=0,
                        args=(ctx.buf(gu, f"const {BF16}"), flt(ctx.c.swiglu_limit), _gamma(ctx, quant),
                              rows.codes, rows.scales, rows.globals),
                        group=group.id, nodes=(clamp.id, act.id, quant.id))
@@ -117,16 +126,16 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
     slots = ids.dim_value * ctx.rows(ids)
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
     weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
-    inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
-                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
-    return Launch(inst, grid=(n // 16, slots, 1), block=BLOCK, smem=0,
+    return Launch(slots_instance(k), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
                   args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
                         ctx.buf(y), lit(n)),
                   group=group.id, nodes=nodes)
 
 
-def _fused_swiglu(ctx: LowerCtx, group: LoweredGroup, h: Tensor, k: int) -> tuple[Node, Node, Tensor]:
-    """(swiglu_clamp node, silu_mul node, the clamp's [gate | up] BF16 input) of a SwiGLU fused into the down projection."""
+def _fused_swiglu(ctx: LowerCtx, group: LoweredGroup, h: Tensor) -> tuple[Node, Node, Tensor]:
+    """(swiglu_clamp node, silu_mul node, the clamp's [gate | up] BF16 input) of the SwiGLU whose
+    output h is fused into the down projection."""
+    k = h.dim_value
     act = ctx.bp.node(h.src)
     require(act.op_base == "silu_mul" and act.id in group.nodes and h.format == "bf16",
             f"{h.id} has no buffer and is not a fused SwiGLU output of this group", act)
