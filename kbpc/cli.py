@@ -181,6 +181,12 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
               help="Also apply an opt-in fusion rule (repeatable; compile says which rules are opt-in and why).")
 @click.option("--pdl/--no-pdl", default=True, show_default=True,
               help="Programmatic dependent launch: each kernel may start while the one before it drains.")
+@click.option("--no-act-quant", is_flag=True,
+              help="Debugging aid, never for production: keep activations in BF16/FP32 where the blueprint "
+                   "quantizes them to NVFP4 or FP8 (projections multiply dequantized weights, the MLA latent "
+                   "cache holds FP32 rows). Compares kbpc with implementations that do not quantize "
+                   "activations; recorded in the manifest, and `verify --numerics` holds it to the fast "
+                   "criterion against the reference's unquantized variant.")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Private key file to sign with (default: $KBPC_SIGNING_KEY, else the local default "
                    "key, created on first use only at a terminal; in CI pass --key or set the variable).")
@@ -201,7 +207,8 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @json_options
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
-                index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], add_fusions: tuple[str, ...], pdl: bool, key_path: Path | None,
+                index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], add_fusions: tuple[str, ...], pdl: bool,
+                no_act_quant: bool, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
@@ -223,7 +230,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
                                              arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
                                              skip_fusions=tuple(sorted(set(skip_fusions))),
                                              add_fusions=tuple(sorted(set(add_fusions))),
-                                             index_cache=index_cache),
+                                             index_cache=index_cache, act_quant=not no_act_quant),
                              signer=signing_key(key_path, may_create_default_key(),
                                                 lambda note: click.echo(note, err=True)),
                              config=config_path, cache_dir=cache_dir,
@@ -265,8 +272,10 @@ def _parse_ids(text: str) -> list[int]:
               help="Write every position's logits, prompt positions included, as a float32 "
                    "positions x vocab .npy file (written atomically).")
 @click.option("--no-act-quant", is_flag=True,
-              help="Debugging aid for the reference backend: keep activations in BF16/FP32 where the "
-                   "blueprint quantizes them to NVFP4 or FP8 (never the default).")
+              help="Debugging aid: keep activations in BF16/FP32 where the blueprint quantizes them to "
+                   "NVFP4 or FP8 (never the default). The reference backend runs its unquantized "
+                   "variant; on the GPU a blueprint JSON is compiled with --no-act-quant, and a bundle "
+                   "must have been.")
 @click.option("--numerics", type=click.Choice(["exact", "fast"]), default="fast", show_default=True,
               help="For a blueprint JSON compiled for this GPU on the way: the numerics mode it is "
                    "compiled with (a bundle runs in the mode it was compiled with).")
@@ -310,7 +319,8 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
         device = local_device()
         if device.target is None:
             raise KbpcError(f"kbpc cannot build for this GPU: {device.describe()}", "GPU")
-        model, trust = compile_for_run(model, config_path, ctx, device.target, weights_source, numerics)
+        model, trust = compile_for_run(model, config_path, ctx, device.target, weights_source, numerics,
+                                       act_quant=not no_act_quant)
     step_backend, vocab = open_backend(model, chosen, weights_source, ctx, trust, config_path,
                                        act_quant=not no_act_quant)
     check_prompt(prompt, vocab)

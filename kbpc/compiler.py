@@ -216,12 +216,14 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
 
 
 def compile_for_run(blueprint: Path, config: Path | None, context: int, target: str,
-                    weights: str | None = None, numerics: str = "fast") -> tuple[Path, Keyring]:
+                    weights: str | None = None, numerics: str = "fast",
+                    act_quant: bool = True) -> tuple[Path, Keyring]:
     """`kbpc run BLUEPRINT.json` on a GPU: compile for that GPU's `target` into the run cache,
     signed with the local default key, and return the bundle and the keyring that trusts it. The
     bundle is reused while the blueprint, config, context, target, signing key and kbpc's own
     sources (kernels, runtime stub, templates, code generation) are unchanged. A Hugging Face
-    checkpoint folder as `weights` sets the model config (its config.json is part of the key)."""
+    checkpoint folder as `weights` sets the model config (its config.json is part of the key).
+    act_quant=False builds the debugging variant without activation quantization."""
     from kbpc.errors import BlueprintError, ConfigError
     from kbpc.frontend.load import MAX_BLUEPRINT_BYTES
     from kbpc.ir.config import MAX_CONFIG_BYTES
@@ -233,7 +235,8 @@ def compile_for_run(blueprint: Path, config: Path | None, context: int, target: 
     digest = hashlib.sha256()
     for part in (read_regular_file(blueprint, MAX_BLUEPRINT_BYTES, BlueprintError, "blueprint file"),
                  read_regular_file(config, MAX_CONFIG_BYTES, ConfigError, "config file") if config else b"",
-                 str(context).encode(), target.encode(), numerics.encode(), " ".join(signer.key_ids).encode(),
+                 str(context).encode(), target.encode(), numerics.encode(), b"" if act_quant else b"no-act-quant",
+                 " ".join(signer.key_ids).encode(),
                  sources_digest().encode(), __version__.encode(),
                  read_regular_file(checkpoint / "config.json", MAX_CONFIG_BYTES, ConfigError, "config file")
                  if checkpoint else b""):
@@ -243,7 +246,7 @@ def compile_for_run(blueprint: Path, config: Path | None, context: int, target: 
     if not out.exists():
         compile_bundle(CompileRequest(blueprint=Path(blueprint), output=out,
                                       options=Options(target=target, max_context=max(context, 16),
-                                                      numerics=numerics),
+                                                      numerics=numerics, act_quant=act_quant),
                                       signer=signer, config=config, weights=checkpoint))
     return out, signer.keyring()
 

@@ -377,4 +377,61 @@ __global__ void __launch_bounds__(MLA_SPLIT_THREADS) glm_mla_decode_split(
                                             merge, counters);
 }
 
+// The unquantized form (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py
+// mla_attention) over the FP32 latent cache that glm_mla_latent_write_f32_paged fills:
+//   glm_mla_decode_f32<E><<<dim3(H, rows), 256>>>(q, cache, block_table, page_size, sel, width, seq_len, out)
+// z_j = <q_h, c_j> / sqrt(E) and a plain FP32 online softmax over the valid entries in list order
+// (duplicates twice), out = rn_bf16(o / l), zeros when no entry is valid. One CTA per head and row,
+// E / 256 channels a thread; the dot's order (per-thread sums, warp butterflies, then the 8 warp
+// sums in order) is this kernel's, so it agrees with the reference to FP32 rounding, not bit for bit.
+template <int E>
+__global__ void __launch_bounds__(256) glm_mla_decode_f32(
+    const __nv_bfloat16* __restrict__ q, const float* __restrict__ cache,
+    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
+    const int32_t* __restrict__ seq_len_ptr, __nv_bfloat16* __restrict__ out) {
+    static_assert(E % 256 == 0 && E <= 4096, "whole channels per thread");
+    constexpr int CPT = E / 256;
+    __shared__ float warp_dots[8];
+    const int t = threadIdx.x, h = blockIdx.x, r = blockIdx.y, heads = gridDim.x;
+    ::kbp::pdl_wait();   // q, sel and this step's cache row come from earlier kernels
+    const int seq_len = seq_len_ptr[0];
+    const __nv_bfloat16* qh = q + ((size_t)r * heads + h) * E;
+    float qf[CPT], o[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        qf[c] = bf16_to_f32(qh[t + 256 * c]);
+        o[c] = 0.0f;
+    }
+    const float root = sqrtf((float)E);
+    float m = -INFINITY, l = 0.0f;
+    for (int j = 0; j < width; ++j) {
+        const int id = sel[(size_t)r * width + j];
+        if (id < 0 || id >= seq_len) continue;   // uniform over the block
+        const float* row = cache + ((size_t)block_table[id / page_size] * page_size + id % page_size) * E;
+        float v[CPT], part = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+            v[c] = row[t + 256 * c];
+            part = __fmaf_rn(qf[c], v[c], part);
+        }
+        part = warp_sum_xor(part);
+        __syncthreads();   // the previous entry's warp sums are read
+        if ((t & 31) == 0) warp_dots[t >> 5] = part;
+        __syncthreads();
+        float dot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) dot += warp_dots[w];
+        const float z = dot / root;
+        const float m2 = fmaxf(m, z);
+        const float a = expf(m - m2), p = expf(z - m2);
+        l = l * a + p;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) o[c] = o[c] * a + p * v[c];
+        m = m2;
+    }
+    __nv_bfloat16* dst = out + ((size_t)r * heads + h) * E;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) dst[t + 256 * c] = f32_to_bf16(l > 0.0f ? o[c] / l : 0.0f);
+}
+
 }  // namespace kbp

@@ -33,11 +33,12 @@
 
 namespace kbp {
 
-// One block stores row c_row (E values) at flat cache row `slot` (uniform over the block).
-template <int E>
+// One block stores row c_row (E values) at flat cache row `slot` (uniform over the block): E4M3
+// codes into a uint8_t cache, or the FP32 value y itself into a float cache (the unquantized form).
+template <int E, typename T = uint8_t>
 __device__ __forceinline__ void glm_mla_latent_write_row(
     const __nv_bfloat16* __restrict__ c_row, const __nv_bfloat16* __restrict__ gamma, int32_t slot,
-    float s_k, float eps, uint8_t* __restrict__ cache) {
+    float s_k, float eps, T* __restrict__ cache) {
     static_assert(E % 32 == 0 && E >= 64 && E <= 1024, "latent width: 64..1024, whole warps");
     constexpr int WARPS = E / 32;
     static_assert((WARPS & (WARPS - 1)) == 0, "the warp-sum tree needs a power-of-two warp count");
@@ -63,7 +64,11 @@ __device__ __forceinline__ void glm_mla_latent_write_row(
     const float r = kbp::rsqrt_f32(mean + eps);
     const float inv_s = 1.0f / s_k;
     const float y = ((x * r) * bf16_to_f32(gamma[i])) * inv_s;
-    cache[(size_t)slot * E + i] = f32_to_e4m3(y);
+    if constexpr (sizeof(T) == 1) {
+        cache[(size_t)slot * E + i] = f32_to_e4m3(y);
+    } else {
+        cache[(size_t)slot * E + i] = y;
+    }
 }
 
 template <int E>
@@ -101,6 +106,20 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
     float s_k, float eps, uint8_t* __restrict__ cache) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
+}
+
+// The unquantized form (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py
+// kv_write): the same paged store of y = fl(fl(c_i r) gamma_i) as FP32, one row of 4E bytes a token.
+template <int E>
+__global__ void __launch_bounds__(E) glm_mla_latent_write_f32_paged(
+    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
+    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
+    float eps, float* __restrict__ cache) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    const int row = blockIdx.x;
+    const int t = pos[0] + row;
+    const int32_t slot = block_table[t / page_size] * page_size + t % page_size;
+    glm_mla_latent_write_row<E, float>(c + (size_t)row * E, gamma, slot, 1.0f, eps, cache);
 }
 
 }  // namespace kbp

@@ -280,4 +280,47 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat
         f_out, f_stride);
 }
 
+// The unquantized variant (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py):
+//   kda_gates_dq_rows<WARPS><<<(ceil(N / WARPS), 2, m), 32 * WARPS>>>(the arguments above, then N, K, DK)
+// f_n = rn_bf16(sum_k x_k fl(E4M3(W[n,k]) s_w[n])) in FP32 (lane-strided fused multiply-adds and a
+// warp butterfly, one output per warp; not the reference's summation order), o_g likewise; the
+// same decay and beta epilogues. blockIdx.y: 0 computes f (+ decay), 1 o_g; block (0, 0, 0) beta.
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
+kda_gates_dq_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+                  int x_stride, int m,
+                  const uint8_t* __restrict__ wf, const float* __restrict__ swf,
+                  const uint8_t* __restrict__ wg, const float* __restrict__ swg,
+                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                  float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
+                  float* __restrict__ decay, int decay_stride,
+                  __nv_bfloat16* __restrict__ og, int og_stride,
+                  float* __restrict__ beta, int beta_stride,
+                  __nv_bfloat16* __restrict__ f_out, int f_stride, int n_out, int k, int dk) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    const int h_count = n_out / dk;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+        for (int i = threadIdx.x; i < m * h_count; i += 32 * WARPS) {
+            const int r = i / h_count, h = i % h_count;
+            beta[(long)r * beta_stride + h] = kda_beta_gate(bf16_to_f32(b[(long)r * b_stride + h]));
+        }
+    const bool seg_f = blockIdx.y == 0;
+    const int lane = threadIdx.x & 31, tok = blockIdx.z;
+    const int n = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (n >= n_out) return;   // warp-uniform
+    const __nv_bfloat16* x = (seg_f ? xf : xg) + (long)tok * x_stride;
+    const uint8_t* w = (seg_f ? wf : wg) + (size_t)n * k;
+    const float s = (seg_f ? swf : swg)[n];
+    float acc = 0.0f;
+    for (int i = lane; i < k; i += 32) acc = __fmaf_rn(bf16_to_f32(x[i]), __fmul_rn(e4m3_to_f32(w[i]), s), acc);
+    const float v = round_bf16(warp_sum_xor(acc));
+    if (lane != 0) return;
+    if (seg_f) {
+        if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(v);
+        decay[(long)tok * decay_stride + n] = kda_decay_gate(v, a_log[n / dk], dt_bias[n], lower_bound);
+    } else {
+        og[(long)tok * og_stride + n] = f32_to_bf16(v);
+    }
+}
+
 }  // namespace kbp

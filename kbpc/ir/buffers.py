@@ -30,5 +30,16 @@ def buffer_rows(t: Tensor, batch: int) -> int:
     return t.rows_per_token * batch
 
 
-def buffer_bytes(bp: Blueprint, t: Tensor, batch: int) -> int:
-    return FORMATS[t.format].row_bytes(buffer_elements(bp, t)) * buffer_rows(t, batch)
+# Activation formats an act_quant writes. Without activation quantization (Options.act_quant off)
+# such an edge carries the BF16 row its act_quant read (kbpc/reference/no_act_quant.py).
+QUANTIZED_ACTIVATIONS = frozenset({"fp8/token", "nvfp4/g16"})
+
+
+def carried_format(t: Tensor, act_quant: bool = True) -> str:
+    """The format a tensor's buffer holds: its own, or BF16 for a quantized activation when the
+    build keeps activations unquantized."""
+    return "bf16" if not act_quant and t.format in QUANTIZED_ACTIVATIONS else t.format
+
+
+def buffer_bytes(bp: Blueprint, t: Tensor, batch: int, act_quant: bool = True) -> int:
+    return FORMATS[carried_format(t, act_quant)].row_bytes(buffer_elements(bp, t)) * buffer_rows(t, batch)

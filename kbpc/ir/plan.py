@@ -37,6 +37,8 @@ class Options:
     add_fusions: tuple[str, ...] = ()    # opt-in fusion rules to apply as well
     batch: int = 1                    # tokens per step (decode rows); only 1 is lowered today
     index_cache: str = "f32"          # dsa_indexer pool keys: f32, or fp8 (rotated E4M3, kbpc/ir/state.py)
+    act_quant: bool = True            # False: the debugging build without activation quantization
+                                      # (kbpc/reference/no_act_quant.py; the `unquantized` variants)
 
     def __post_init__(self):
         get_target(self.target)
@@ -50,6 +52,8 @@ class Options:
             raise KbpcError(f"batch {self.batch}: only batch-1 decode is lowered", "--batch")
         if self.tp < 1:
             raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
+        if not self.act_quant and self.tp > 1:
+            raise KbpcError("--no-act-quant builds one GPU's step (a debugging aid); drop --tp", "--no-act-quant")
         if not 1 <= self.max_context <= MAX_DIM:   # positions reach the kernels as 32-bit ints
             raise KbpcError(f"max context must be from 1 to {MAX_DIM}, got {self.max_context}", "--max-context")
 

@@ -11,7 +11,9 @@ router_gemv_topk merges the router GEMV into it: 4 bytes per expert and row, kep
 the state does not depend on which fusions ran). A routed expert's NVFP4 input quantizer keeps the
 quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
 one step). Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
-cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool."""
+cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool. A build without
+activation quantization (Options.act_quant off) keeps the MLA latent rows in FP32 and has no
+quantized expert rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -130,8 +132,9 @@ def _of_kind(bp: Blueprint, node: Node, kind: str, options: Options) -> tuple[St
     if kind == "latent:write":
         width = bp.inputs(node.order)[0].dim_value
         pages = -(-ctx // c.latent_page_tokens)
-        return (StateBuffer(f"{node.id}.latent_cache", pages * c.latent_page_tokens * width,
-                            (pages, c.latent_page_tokens, width), "e4m3"),
+        size = 1 if options.act_quant else 4
+        return (StateBuffer(f"{node.id}.latent_cache", pages * c.latent_page_tokens * width * size,
+                            (pages, c.latent_page_tokens, width), "e4m3" if options.act_quant else "f32"),
                 StateBuffer(f"{node.id}.block_table", pages * 4, (pages,), "i32"))
     if kind == "index:write":
         return _index_pools(bp, ctx, options.index_cache, node)
@@ -144,8 +147,8 @@ def _of_kind(bp: Blueprint, node: Node, kind: str, options: Options) -> tuple[St
         return (StateBuffer(f"{node.id}.scores", pools * 4, (pools,), "f32"),
                 StateBuffer(f"{node.id}.hist", bins * 4, (bins,), "i32"),
                 StateBuffer(f"{node.id}.arrive", 4, (1,), "i32"))
-    if kind == "latent:read":
-        return _mla_read(bp, node, options.batch)
+    if kind == "latent:read":   # the unquantized decode (act_quant off) merges nothing across CTAs
+        return _mla_read(bp, node, options.batch) if options.act_quant else ()
     if kind == "conv:snapshot":
         return ()
     raise KbpcError(f"unknown state kind {kind!r}", f"node {node.id}")
@@ -156,7 +159,7 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
     for node in bp.nodes():
         if node.op == "hc_pre":
             out.extend(_hc_pre(bp, node, options.batch))
-        if node.op_base == "act_quant":
+        if node.op_base == "act_quant" and options.act_quant:
             out.extend(_routed_quant(bp, node, options.batch))
         if node.op == "top_k":
             out.extend(_router(bp, node, options.batch))

@@ -60,6 +60,11 @@ def fuse_groups(plan: Plan) -> Plan:
                 records.append(FusionRecord(rule.name, members, False,
                                             f"opt-in (--fuse-rule {rule.name}): {rule.off_by_default_why}"))
                 continue
+            if not plan.options.act_quant and "act_quant" in rule.ops:
+                records.append(FusionRecord(rule.name, members, False,
+                                            "activation quantization is off (--no-act-quant): the fused "
+                                            "form quantizes"))
+                continue
             split = plan.options.tp > 1 or (plan.shard is not None and plan.shard.ranks > 1)
             if split and not rule.tensor_parallel:
                 records.append(FusionRecord(rule.name, members, False,
@@ -133,7 +138,7 @@ def _merged(plan: Plan, merges: list[tuple[FusionRule, tuple[int, ...]]]) -> tup
         nodes = tuple(sorted((n for p in parts for n in p.nodes), key=order.get))
         replaced[members[0]] = LoweredGroup(
             id=members[0], rule=f"fused:{rule.name}", family=rule.family, nodes=nodes,
-            kernels=tuple(k for p in parts for k in p.kernels), variant=variant_for(target, rule.family),
+            kernels=tuple(k for p in parts for k in p.kernels), variant=variant_for(target, rule.family, plan.options.act_quant),
             where=parts[0].where, requants=tuple(r for p in parts for r in p.requants),
             fused_from=tuple(members))
         replaced.update({m: None for m in members[1:]})

@@ -15,6 +15,17 @@ from kbpc.ir.weights import weight_specs
 from kbpc.targets import get_target, variant_for
 
 
+def _variant(plan: Plan, target, group) -> str:
+    """The family's variant on the target; without activation quantization, any group that holds an
+    act_quant runs an `unquantized` variant (a family without one is refused when it is lowered)."""
+    if group.where != "device":
+        return "host"
+    act_quant = plan.options.act_quant
+    if not act_quant and any(n.op_base == "act_quant" for n in plan.grouping.nodes(group.id)):
+        return "unquantized"
+    return variant_for(target, group.family, act_quant)
+
+
 def lower_precision(plan: Plan) -> Plan:
     bp = plan.blueprint
     target = get_target(plan.options.target)
@@ -34,8 +45,7 @@ def lower_precision(plan: Plan) -> Plan:
             raise KbpcError(f"requant 'at' must be producer or reader, got {t.requant.at!r}",
                             f"edge {t.id} (edges[{t.index}])")
         requants[owner].append(f"{t.requant.src}->{t.requant.dst}@{t.id}")
-    groups = tuple(dataclasses.replace(g, variant=variant_for(target, g.family) if g.where == "device"
-                                       else "host", requants=tuple(requants[g.id]))
+    groups = tuple(dataclasses.replace(g, variant=_variant(plan, target, g), requants=tuple(requants[g.id]))
                    for g in plan.groups)
     notes = plan.notes
     if any(g.variant == "e2m1_dp4a_exact" for g in groups):

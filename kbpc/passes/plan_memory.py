@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from kbpc.ir.buffers import buffer_bytes, buffer_elements, buffer_name, buffer_rows
+from kbpc.ir.buffers import buffer_bytes, buffer_elements, buffer_name, buffer_rows, carried_format
 from kbpc.ir.plan import Buffer, Plan
 from kbpc.ir.state import state_buffers
 from kbpc.passes.ordering import HappensBefore
@@ -24,7 +24,7 @@ ALIGN = 256
 
 
 def plan_memory(plan: Plan) -> Plan:
-    bp, grouping, batch = plan.blueprint, plan.grouping, plan.options.batch
+    bp, grouping, batch, act_quant = plan.blueprint, plan.grouping, plan.options.batch, plan.options.act_quant
     pos = {s.group: s.position for s in plan.schedule}
     first: dict[str, int] = {}
     last: dict[str, int] = defaultdict(lambda: -1)
@@ -35,7 +35,7 @@ def plan_memory(plan: Plan) -> Plan:
             continue   # produced on the host
         name = buffer_name(bp, t)
         elements = buffer_elements(bp, t) * buffer_rows(t, batch)
-        info[name] = (t.format, elements, buffer_bytes(bp, t, batch), src)
+        info[name] = (carried_format(t, act_quant), elements, buffer_bytes(bp, t, batch, act_quant), src)
         first[name] = pos[src]
         reader = pos.get(dst, len(pos))   # host readers (argmax) read at the end
         last[name] = max(last[name], reader)

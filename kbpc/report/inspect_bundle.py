@@ -46,6 +46,7 @@ def summarize_bundle(bundle: Bundle, untrusted_reason: str | None = None) -> dic
         "plan_digest": m.get("plan_digest"),
         "target": m.get("target"),
         "numerics": (m.get("options") or {}).get("numerics"),
+        "act_quant": (m.get("options") or {}).get("act_quant", True),
         "tp_size": m.get("tp_size"),
         "tp": m.get("tp"),
         "toolchain": m.get("toolchain"),
@@ -84,7 +85,8 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
         ("blueprint", _text(s["blueprint_id"])),
         ("lineage / revision", f"{_text(s['lineage'])} / {_text(s['revision'])}"),
         ("plan digest", _text(s["plan_digest"])), ("target", _text(s["target"])),
-        ("numerics", _text(s["numerics"])),
+        ("numerics", _text(s["numerics"]) + ("" if s["act_quant"] is not False else
+                                              ", activations unquantized (--no-act-quant: a debugging build)")),
         ("tensor parallel", _text(s["tp_size"])), ("step", _text(s["step"])),
         ("toolchain", _text(s["toolchain"])),
         ("signed by", ", ".join(s["signers"]) + ("" if s["trusted"] else "  (UNTRUSTED, not verified)")),

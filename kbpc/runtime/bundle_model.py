@@ -33,6 +33,12 @@ class BundleModel:
         interpreter follows it so numerics checks compare like with like."""
         return self.run.index_cache
 
+    @property
+    def act_quant(self) -> bool:
+        """False for a build without activation quantization (kbpc compile --no-act-quant): its
+        reference is kbpc/reference/no_act_quant.py."""
+        return self.run.act_quant
+
 
 def load_bundle_model(path: Path, trust: Keyring | None = None) -> BundleModel:
     trust = trust if trust is not None else trusted_keyring()

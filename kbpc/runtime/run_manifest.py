@@ -35,6 +35,7 @@ class RunManifest:
     checkpoint: tuple[CheckpointFile, ...] | None   # the checkpoint files the bundle binds
     launches: int
     groups: int
+    act_quant: bool = True             # False: built without activation quantization (a debugging aid)
 
     @classmethod
     def from_json(cls, m: dict[str, Any]) -> "RunManifest":
@@ -48,6 +49,7 @@ class RunManifest:
                 max_context=_count(options["max_context"], "options.max_context"),
                 numerics=_typed(options.get("numerics", "exact"), str, "options.numerics"),
                 index_cache=_one_of(options.get("index_cache", "f32"), ("f32", "fp8"), "options.index_cache"),
+                act_quant=_flag(options.get("act_quant", True), "options.act_quant"),
                 libraries={_typed(k, str, "library"): _typed(v, str, f"library.{k}") for k, v in m["library"].items()},
                 weights=tuple(_tensor(w, f"weights[{i}]") for i, w in enumerate(m["weights"])),
                 state=tuple(_tensor({**s, "storage": s.get("storage", "")}, f"state[{i}]")
@@ -78,6 +80,12 @@ def _typed(value: Any, kind: type, where: str) -> Any:
 def _count(value: Any, where: str) -> int:
     if _typed(value, int, where) < 0:
         raise BundleError(f"manifest.json: {where} must not be negative")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise BundleError(f"manifest.json: {where} must be true or false")
     return value
 
 

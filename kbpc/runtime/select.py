@@ -48,9 +48,6 @@ def choose_backend(model: Path, backend: str, act_quant: bool = True) -> str:
     """'cuda' or 'reference' for `--backend` auto|cuda|reference and this model on this machine."""
     if not Path(model).exists():
         raise KbpcError("no such file", str(model))
-    if not act_quant and backend != "reference":
-        raise KbpcError("--no-act-quant is a reference-backend debugging aid; add --backend reference",
-                        "--no-act-quant")
     if backend != "auto":
         if backend == "cuda" and not is_bundle(model) and shutil.which("nvcc") is None:
             raise KbpcError("running a blueprint JSON on the GPU compiles it first, and nvcc is not on "
@@ -65,8 +62,8 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
     """(StepBackend, vocab) for `backend` as choose_backend picked it. A bundle is verified against
     `trust` (default: the default key's keyring) before anything in it is used. `weights` may be a
     Hugging Face checkpoint folder: a blueprint JSON then takes its model config from the folder's
-    config.json. act_quant=False: the reference backend's debugging variant without activation
-    quantization."""
+    config.json. act_quant=False: the debugging variant without activation quantization (the
+    reference's, or a bundle compiled with --no-act-quant; a bundle built that way always runs so)."""
     from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
     from kbpc.weights.convert import converted_config
 
@@ -75,6 +72,10 @@ def open_backend(model: Path, backend: str, weights: str, context: int, trust: K
         from kbpc.runtime.bundle_model import load_bundle_model
 
         bm = load_bundle_model(model, trust if trust is not None else trusted_keyring())
+        if backend == "cuda" and not act_quant and bm.act_quant:
+            raise KbpcError("this bundle quantizes activations; build one without (kbpc compile --no-act-quant) "
+                            "or run the blueprint JSON with --no-act-quant", "--no-act-quant")
+        act_quant = act_quant and bm.act_quant
         if backend == "cuda":
             from kbpc.runtime.cuda_backend import CudaBackend
             cb = CudaBackend(bm, weights, context)

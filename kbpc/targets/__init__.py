@@ -44,8 +44,17 @@ DEFAULT_TARGET = "sm_90"
 FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static", "glm_moe_layer"})  # the fused MoE layer too
 
 
-def variant_for(target: Target, family: str) -> str:
+# Families that quantize activations, read quantized ones or keep the FP8 MLA latent cache. A build
+# without activation quantization (Options.act_quant off, a debugging aid) runs their `unquantized`
+# variant (kbpc/codegen/families/unquantized.py), where one exists.
+ACT_QUANT_FAMILIES = frozenset({"w8a8_act_quant", "wxay", "w4a4_mx", "w4a4_mx_static", "kda_gates_w8a8",
+                                "glm_mla_latent_write", "glm_mla_decode", "glm_moe_layer", "kda_fused"})
+
+
+def variant_for(target: Target, family: str, act_quant: bool = True) -> str:
     """kbpc's implementation of a family on a target."""
+    if not act_quant and family in ACT_QUANT_FAMILIES:
+        return "unquantized"
     if family in FP4_MMA_FAMILIES:
         # Every target runs the exact integer path: E2M1 codes as small integers in DP4A dot
         # products per 16-value group, scaled exactly (kernels/w4a4_mx.cuh). sm_90 has no FP4 MMA;

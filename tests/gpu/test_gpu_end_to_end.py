@@ -31,11 +31,12 @@ def bundles(tmp_path_factory, tiny_path):
     root = tmp_path_factory.mktemp("e2e")
     keys = generate_keys(root / "keys")
     out = {}
-    for name, reuse, index_cache in (("tiny", True, "f32"), ("tiny-debug", False, "f32"), ("tiny-fp8", True, "fp8")):
+    for name, reuse, index_cache, act_quant in (("tiny", True, "f32", True), ("tiny-debug", False, "f32", True),
+                                                ("tiny-fp8", True, "fp8", True), ("tiny-noquant", True, "f32", False)):
         path = root / f"{name}.kbp"
         compile_bundle(CompileRequest(blueprint=Path(tiny_path), output=path,
                                       options=Options(max_context=64, arena_reuse=reuse, index_cache=index_cache,
-                                                      numerics="exact"),
+                                                      numerics="exact", act_quant=act_quant),
                                       signer=Signer.load(keys.private), cache_dir=root / "cache"))
         out[name] = path
     return out, Keyring.load(keys.public)
@@ -67,3 +68,15 @@ def test_logits_match_for_64_positions(bundles, name):
     report = compare_numerics(load_bundle_model(paths[name], trust), positions=64)
     assert report.passed, report.to_json()
     assert all(report.same_token)
+
+
+def test_without_activation_quantization_for_64_positions(bundles):
+    """A --no-act-quant build against the reference's unquantized variant: the dequantizing GEMVs
+    and the FP32 softmax sum in their own order, so the fast criterion holds, not bit equality."""
+    from kbpc.runtime.bundle_model import load_bundle_model
+    from kbpc.runtime.numerics import compare_numerics
+
+    paths, trust = bundles
+    report = compare_numerics(load_bundle_model(paths["tiny-noquant"], trust), positions=64)
+    print(f"no-act-quant: max rel L2 {report.max_rel_l2:.3e}, same greedy {report.agreement:.3f}")
+    assert report.mode == "no-act-quant" and report.passed, report.to_json()

@@ -137,3 +137,24 @@ def test_fp8_index_cache_at_512k_is_recorded_and_followed(tiny_path, keys, cache
     result = CliRunner().invoke(main, ["run", str(out), "--trust", str(keys.public), "--backend", "reference",
                                        "--max-new-tokens", "2", "--json"])
     assert result.exit_code == 0, result.output
+
+
+def test_no_act_quant_build_is_recorded_and_refused_where_it_does_not_apply(tiny_path, tiny_bundle, keys, cache,
+                                                                          tmp_path):
+    """--no-act-quant (a debugging build): the dequantizing kernels compile for sm_90, the signed
+    manifest records it, inspect says so, the reference backend runs the bundle unquantized, and a
+    bundle that quantizes activations is refused for a --no-act-quant GPU run (before any GPU is
+    touched)."""
+    out = tmp_path / "tiny-noquant.kbp"
+    compile_(tiny_path, out, keys, cache, "--no-act-quant")
+    manifest = json.loads(members(out)["manifest.json"])
+    assert manifest["options"]["act_quant"] is False
+    assert any(s["storage"] == "f32" for s in manifest["state"] if s["name"].endswith(".latent_cache"))
+    shown = CliRunner().invoke(main, ["inspect", str(out), "--trust", str(keys.public)])
+    assert shown.exit_code == 0 and "activations unquantized" in shown.output, shown.output
+    ran = CliRunner().invoke(main, ["run", str(out), "--trust", str(keys.public), "--backend", "reference",
+                                    "--max-new-tokens", "2", "--json"])
+    assert ran.exit_code == 0, ran.output
+    refused = CliRunner().invoke(main, ["run", str(tiny_bundle), "--trust", str(keys.public), "--backend", "cuda",
+                                        "--no-act-quant", "--max-new-tokens", "2"])
+    assert refused.exit_code == 2 and "quantizes activations" in refused.output, refused.output

@@ -51,9 +51,7 @@ def test_run_logits_every_position(tmp_path, tiny_path):
     assert summary["generated_ids"] == [int(np.argmax(row)) for row in logits[2:]]
 
 
-def test_no_act_quant_is_a_reference_option(tmp_path, tiny_path):
-    result = run("run", tiny_path, "--no-act-quant", "--max-new-tokens", "2")
-    assert result.exit_code == 2 and "add --backend reference" in result.output
+def test_no_act_quant_on_the_reference(tmp_path, tiny_path):
     plain = tmp_path / "plain.npy"
     raw = tmp_path / "raw.npy"
     for path, extra in ((plain, ()), (raw, ("--no-act-quant",))):

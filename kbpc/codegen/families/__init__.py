@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from kbpc.codegen.context import LowerCtx, LoweringError
-from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dsa_indexer, embed_copy,
+from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dequant_gemv, dsa_indexer, embed_copy,
                                     glm_mhc, glm_mla_decode, glm_mla_latent_write, glm_moe_combine,
                                     glm_moe_layer, glm_router_topk, glm_swiglu_clamp, kda_fused,
                                     kda_gates_w8a8, kda_o_norm,
@@ -43,6 +43,14 @@ LOWERINGS: dict[tuple[str, str], Lowering] = {
     ("w4a4_mx_static", "e2m1_dp4a_exact"): w4a4_mx_static.lower,
     ("w8a8_act_quant", "cuda_core"): w8a8_act_quant.lower,
     ("wxay", "fp8_mma"): wxay.lower,
+    # Builds without activation quantization (Options.act_quant off, a debugging aid):
+    ("glm_mla_decode", "unquantized"): glm_mla_decode.lower_unquantized,
+    ("glm_mla_latent_write", "unquantized"): glm_mla_latent_write.lower_unquantized,
+    ("kda_gates_w8a8", "unquantized"): kda_gates_w8a8.lower_unquantized,
+    ("w4a4_mx", "unquantized"): dequant_gemv.lower,
+    ("w4a4_mx_static", "unquantized"): dequant_gemv.lower,
+    ("w8a8_act_quant", "unquantized"): dequant_gemv.lower,
+    ("wxay", "unquantized"): dequant_gemv.lower,
 }
 
 

@@ -8,12 +8,15 @@ CTAs by the order's halving tree, so the output is bit-exact in both numerics mo
 scratch is state of the attend node (kbpc/ir/state.py, kind latent:read)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kbpc.codegen.args import StepInput, lit
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
 from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.records import Node, Tensor
 from kbpc.reference.glm_mla_decode import ORDER_GROUP, ORDER_WARPS
 
 THREADS = 256            # MLA_SPLIT_THREADS
@@ -36,7 +39,21 @@ def decode_instance(latent: int, hpc: int) -> KernelInstance:
                           f"kbp::glm_mla_decode_split<{latent}, {ORDER_WARPS}, {ORDER_GROUP}, {hpc}>", PARAMS)
 
 
-def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+@dataclass(frozen=True)
+class _Attend:
+    node: Node
+    q: Tensor
+    sel: Tensor
+    out: Tensor
+    writer: Node
+    latent: int      # E, the latent width
+    heads: int
+    rows: int
+
+
+def _attend(ctx: LowerCtx, group: LoweredGroup, widths: int) -> _Attend:
+    """The attend node's edges and sizes; `widths`: the latent widths the kernel takes are its
+    multiples up to 4096."""
     node = ctx.node(group, "mla_attention")
     q, sel, out = ctx.input(node, op="linear"), ctx.input(node, op="index_select"), ctx.output(node)
     writer = block_node(ctx, node, "kv_write")
@@ -44,19 +61,38 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     where = f"node {node.id}"
     if q.dim_value % e or out.dim_value != q.dim_value:
         raise LoweringError(f"queries ({q.dim_value}) are not whole {e}-wide heads", where)
-    if e % 512 or e > 4096:
-        raise LoweringError(f"latent width {e}: the decode takes multiples of 512 up to 4096", where)
-    heads, rows = q.dim_value // e, ctx.rows(q)
+    if e % widths or e > 4096:
+        raise LoweringError(f"latent width {e}: the decode takes multiples of {widths} up to 4096", where)
+    return _Attend(node, q, sel, out, writer, e, q.dim_value // e, ctx.rows(q))
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    a = _attend(ctx, group, 512)
+    node, writer, e, heads, rows = a.node, a.writer, a.latent, a.heads, a.rows
     hpc = heads_per_cta(heads)
     merge, counters = state_buffer(ctx, f"{node.id}.merge"), state_buffer(ctx, f"{node.id}.counters")
     if merge.shape != (rows, 2 * ORDER_WARPS, heads, e + 2) or counters.shape != (rows, ORDER_WARPS, heads):
         raise LoweringError(f"merge state {merge.shape} / {counters.shape} does not fit {rows} rows of {heads} "
-                            f"heads", where)
-    width = buffer_elements(ctx.bp, sel)   # token ids per row, as the indexer wrote them
+                            f"heads", f"node {node.id}")
+    width = buffer_elements(ctx.bp, a.sel)   # token ids per row, as the indexer wrote them
     inst = decode_instance(e, hpc)
-    args = (ctx.buf(q), ctx.state(f"{writer.id}.latent_cache", "uint8_t"),
+    args = (ctx.buf(a.q), ctx.state(f"{writer.id}.latent_cache", "uint8_t"),
             ctx.state(f"{writer.id}.block_table", "int32_t"), lit(ctx.c.latent_page_tokens),
-            ctx.buf(sel, "int32_t"), lit(width), StepInput("SEQ"), ctx.weight_value(writer, "k_scale"), ctx.buf(out),
-            ctx.state(merge.name, "float"), ctx.state(counters.name, "uint32_t"))
+            ctx.buf(a.sel, "int32_t"), lit(width), StepInput("SEQ"), ctx.weight_value(writer, "k_scale"),
+            ctx.buf(a.out), ctx.state(merge.name, "float"), ctx.state(counters.name, "uint32_t"))
     return [Launch(inst, grid=(ORDER_WARPS, heads // hpc, rows), block=(THREADS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=(node.id,))]
+
+
+def lower_unquantized(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    """Without activation quantization (Options.act_quant off): a plain FP32 softmax over the FP32
+    latent rows (glm_mla_decode_f32, one CTA per head and row; no split, no merge state)."""
+    a = _attend(ctx, group, 256)
+    inst = KernelInstance("glm_mla_decode", "glm_mla_decode.cuh", f"kbp::glm_mla_decode_f32<{a.latent}>",
+                          (f"const {BF}*", "const float*", "const int32_t*", "int", "const int32_t*", "int",
+                           "const int32_t*", f"{BF}*"))
+    args = (ctx.buf(a.q), ctx.state(f"{a.writer.id}.latent_cache", "float"),
+            ctx.state(f"{a.writer.id}.block_table", "int32_t"), lit(ctx.c.latent_page_tokens),
+            ctx.buf(a.sel, "int32_t"), lit(buffer_elements(ctx.bp, a.sel)), StepInput("SEQ"), ctx.buf(a.out))
+    return [Launch(inst, grid=(a.heads, a.rows, 1), block=(256, 1, 1), smem=0, args=args,
+                   group=group.id, nodes=(a.node.id,))]

@@ -3,6 +3,8 @@ fa_quant -> f_b -> gates (decay, beta) and ga_quant -> g_b nodes are one kernel:
 rows and f stay on chip; decay (FP32), beta (FP32) and the output gate g (BF16) are written."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
@@ -37,7 +39,26 @@ def _optional_buf(ctx: LowerCtx, t: Tensor, ctype: str) -> str:
         return NULL
 
 
-def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+@dataclass(frozen=True)
+class _Gates:
+    """The group's parts: the two gate projections, their BF16 token rows and the edges written."""
+    gates: Node
+    f_b: Node
+    g_b: Node
+    xf: Tensor
+    xg: Tensor
+    f_edge: Tensor
+    b: Tensor
+    decay: Tensor
+    beta: Tensor
+    og: Tensor
+    n: int
+    k: int
+    h: int
+    m: int
+
+
+def _parts(ctx: LowerCtx, group: LoweredGroup) -> _Gates:
     gates = ctx.node(group, "gdn_gates")
     f_edge, b = ctx.input(gates, "f"), ctx.input(gates, "b")
     decay, beta = ctx.output(gates, "decay"), ctx.output(gates, "beta")
@@ -52,23 +73,49 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     if og.dim_value != n or xg.dim_value != k or decay.dim_value != n or beta.dim_value != h:
         raise LoweringError(f"gate widths: f {n}, o_g {og.dim_value}, K {k}/{xg.dim_value}, heads {h}",
                             f"group {group.id}")
-    if n % 16 or k % 128 or n % h or not 1 <= m <= MAX_ROWS or ctx.rows(xg) != m:
-        raise LoweringError(f"kda_gates_w8a8 needs N % 16 == 0, K % 128 == 0, N % H == 0, 1..8 rows; "
-                            f"N={n}, K={k}, H={h}, rows={m}", f"group {group.id}")
+    if n % h or ctx.rows(xg) != m:
+        raise LoweringError(f"the gates need N % H == 0 and as many g rows as f rows; N={n}, H={h}, rows={m}",
+                            f"group {group.id}")
     if not ctx.c.kda_gate_lower_bound < 0:
         raise LoweringError(f"the gate lower bound must be negative, got {ctx.c.kda_gate_lower_bound}")
-    d_k = n // h   # the reference's decay_gate: f channels split into len(A_log) heads
-    inst = KernelInstance(
-        "kda_gates_w8a8", "kda_gates_w8a8.cuh", f"kbp::kda_gates_w8a8_k128_rows<{n}, {k}, {d_k}, {WARPS}>",
-        (f"const {BF}*", f"const {BF}*", "int", "int", "const uint8_t*", "const float*", "const uint8_t*",
-         "const float*", "const float*", "const float*", "float", f"const {BF}*", "int", "float*", "int",
-         f"{BF}*", "int", "float*", "int", f"{BF}*", "int"))
-    args = (ctx.buf(xf), ctx.buf(xg), lit(k), lit(m),
-            ctx.weight(f_b), ctx.weight(f_b, "weight_scale", "float"),
-            ctx.weight(g_b), ctx.weight(g_b, "weight_scale", "float"),
-            ctx.weight(gates, "A_log", "float"), ctx.weight(gates, "dt_bias", "float"),
-            flt(ctx.c.kda_gate_lower_bound), ctx.buf(b), lit(h),
-            ctx.buf(decay, "float"), lit(n), ctx.buf(og), lit(n), ctx.buf(beta, "float"), lit(h),
-            _optional_buf(ctx, f_edge, BF), lit(n))
-    return [Launch(inst, grid=(2 * gate_blocks(n), 1, 1), block=(32 * WARPS, 1, 1), smem=0, args=args,
+    return _Gates(gates, f_b, g_b, xf, xg, f_edge, b, decay, beta, og, n, k, h, m)
+
+
+def _args(ctx: LowerCtx, p: _Gates) -> tuple:
+    """The launch arguments both variants share (kernels/kda_gates_w8a8.cuh's contract)."""
+    return (ctx.buf(p.xf), ctx.buf(p.xg), lit(p.k), lit(p.m),
+            ctx.weight(p.f_b), ctx.weight(p.f_b, "weight_scale", "float"),
+            ctx.weight(p.g_b), ctx.weight(p.g_b, "weight_scale", "float"),
+            ctx.weight(p.gates, "A_log", "float"), ctx.weight(p.gates, "dt_bias", "float"),
+            flt(ctx.c.kda_gate_lower_bound), ctx.buf(p.b), lit(p.h),
+            ctx.buf(p.decay, "float"), lit(p.n), ctx.buf(p.og), lit(p.n), ctx.buf(p.beta, "float"), lit(p.h),
+            _optional_buf(ctx, p.f_edge, BF), lit(p.n))
+
+
+PARAMS = (f"const {BF}*", f"const {BF}*", "int", "int", "const uint8_t*", "const float*", "const uint8_t*",
+          "const float*", "const float*", "const float*", "float", f"const {BF}*", "int", "float*", "int",
+          f"{BF}*", "int", "float*", "int", f"{BF}*", "int")
+
+
+def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    p = _parts(ctx, group)
+    if p.n % 16 or p.k % 128 or not 1 <= p.m <= MAX_ROWS:
+        raise LoweringError(f"kda_gates_w8a8 needs N % 16 == 0, K % 128 == 0, 1..8 rows; "
+                            f"N={p.n}, K={p.k}, rows={p.m}", f"group {group.id}")
+    d_k = p.n // p.h   # the reference's decay_gate: f channels split into len(A_log) heads
+    inst = KernelInstance("kda_gates_w8a8", "kda_gates_w8a8.cuh",
+                          f"kbp::kda_gates_w8a8_k128_rows<{p.n}, {p.k}, {d_k}, {WARPS}>", PARAMS)
+    return [Launch(inst, grid=(2 * gate_blocks(p.n), 1, 1), block=(32 * WARPS, 1, 1), smem=0, args=_args(ctx, p),
+                   group=group.id, nodes=tuple(group.nodes))]
+
+
+def lower_unquantized(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
+    """Without activation quantization (Options.act_quant off): the gate projections multiply the
+    BF16 rows by the dequantized FP8 weights in FP32 (kda_gates_dq_rows), the same epilogues."""
+    p = _parts(ctx, group)
+    warps = 8
+    inst = KernelInstance("kda_gates_w8a8", "kda_gates_w8a8.cuh", f"kbp::kda_gates_dq_rows<{warps}>",
+                          (*PARAMS, "int", "int", "int"))
+    return [Launch(inst, grid=(-(-p.n // warps), 2, p.m), block=(32 * warps, 1, 1), smem=0,
+                   args=(*_args(ctx, p), lit(p.n), lit(p.k), lit(p.n // p.h)),
                    group=group.id, nodes=tuple(group.nodes))]
