@@ -72,19 +72,43 @@ def _pick_stream(critical, deps, tail, ready, start, max_streams, stream_of) -> 
 def _emit(plan, device, deps, finish, stream_of, costs, streams) -> Plan:
     order = sorted(device, key=lambda g: (finish[g.id] - costs[g.id], g.id))
     position = {g.id: i for i, g in enumerate(order)}
-    needs_event = {d for g in device for d in deps[g.id] if d in stream_of and stream_of[d] != stream_of[g.id]}
+    waits_on = _minimal_waits(order, deps, stream_of, position)
+    needs_event = {d for ds in waits_on.values() for d in ds}
     event_of = {gid: i for i, gid in enumerate(sorted(needs_event, key=position.get))}
-    schedule = []
-    for g in order:
-        latest: dict[int, int] = {}
-        for d in deps[g.id]:
-            if d in stream_of and stream_of[d] != stream_of[g.id]:
-                s = stream_of[d]
-                if s not in latest or position[d] > position[latest[s]]:
-                    latest[s] = d
-        schedule.append(ScheduledGroup(group=g.id, position=position[g.id], stream=stream_of[g.id],
-                                       waits=tuple(sorted(event_of[d] for d in latest.values())),
-                                       record=event_of.get(g.id), cost_us=round(costs[g.id], 4)))
+    schedule = [ScheduledGroup(group=g.id, position=position[g.id], stream=stream_of[g.id],
+                               waits=tuple(sorted(event_of[d] for d in waits_on[g.id])),
+                               record=event_of.get(g.id), cost_us=round(costs[g.id], 4))
+                for g in order]
     return dataclasses.replace(plan, schedule=tuple(schedule), streams=streams,
                                critical_path_us=round(max(finish.values(), default=0.0), 3),
                                serial_us=round(sum(costs[g.id] for g in device), 3))
+
+
+def _minimal_waits(order, deps, stream_of, position) -> dict[int, list[int]]:
+    """group -> the producers on other streams whose events it waits for: only those its stream does
+    not already know finished, through stream order and earlier waits (vector clocks: known[t] is
+    the last position on stream t known finished). A redundant wait is not free: the launch after
+    it gets a full dependency instead of programmatic dependent launch (launch_passes.mark_pdl)."""
+    known_by_stream: dict[int, dict[int, int]] = defaultdict(dict)
+    known_after: dict[int, dict[int, int]] = {}
+    waits_on: dict[int, list[int]] = {}
+    for g in order:
+        s = stream_of[g.id]
+        known = dict(known_by_stream[s])
+        latest: dict[int, int] = {}    # the last producer on each other stream
+        for d in deps[g.id]:
+            if d in stream_of and stream_of[d] != s:
+                t = stream_of[d]
+                if t not in latest or position[d] > position[latest[t]]:
+                    latest[t] = d
+        chosen = []
+        for d in sorted(latest.values(), key=position.get, reverse=True):   # the latest covers the most
+            if known.get(stream_of[d], -1) >= position[d]:
+                continue
+            chosen.append(d)
+            for t, p in known_after[d].items():
+                known[t] = max(known.get(t, -1), p)
+        known[s] = position[g.id]
+        known_after[g.id] = known_by_stream[s] = known
+        waits_on[g.id] = chosen
+    return waits_on

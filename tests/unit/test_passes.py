@@ -4,6 +4,9 @@ fusion checks rejecting illegal groups."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,8 @@ from kbpc.ir.plan import Options
 from kbpc.passes import PIPELINE, run_pipeline
 from kbpc.passes.check_fusion import _check_convex
 from kbpc.passes.invariants import InvariantError, check_invariants
+from kbpc.passes.ordering import HappensBefore
+from kbpc.tools.shrink import shrink
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +92,25 @@ def test_tp_splits_or_is_refused(tiny_bp):
     assert run_pipeline(tiny_bp, Options(tp=2)).parallel.ranks == 2
     with pytest.raises(KbpcError, match="does not split over 3 ranks"):
         run_pipeline(tiny_bp, Options(tp=3))
+
+
+def test_stream_schedule_waits_only_where_needed(seed_path):
+    """Every group dependency is ordered by the schedule (stream order or events), and no group
+    waits for an event its stream already knows finished: a redundant wait would cost the launch
+    after it programmatic dependent launch."""
+    seed = load_blueprint(seed_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "e16.json"
+        path.write_text(json.dumps(shrink(seed, {"experts": 16}, list(range(len(seed.layers))))))
+        plan = run_pipeline(load_blueprint(path), Options())
+    hb = HappensBefore(plan.schedule)
+    assert not hb.missing_events
+    deps = plan.grouping.dependencies()
+    assert all(hb.before(d, g) for g, ds in deps.items() for d in ds if g in hb.pos and d in hb.pos)
+    by_event = {s.record: s for s in plan.schedule if s.record is not None}
+    order = sorted(plan.schedule, key=lambda s: s.position)
+    for s in order:
+        for e in s.waits:   # without this wait, the producer would not be known finished
+            rest = tuple(w for w in s.waits if w != e)
+            trial = tuple(dataclasses.replace(x, waits=rest) if x.group == s.group else x for x in order)
+            assert not HappensBefore(trial).before(by_event[e].group, s.group), (s.group, e)
