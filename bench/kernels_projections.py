@@ -88,6 +88,35 @@ def w4a16_silu(name, n, k):
     return Case(f"w4a16_gemv::silu_input {name}", f"{n}x{k} nvfp4", _nvfp4_bytes(n, k) + 4 * k + 2 * n, setup)
 
 
+def w4a16_pair(name, k, i, n, fast):
+    """A shared expert's two launches (phase 0 then phase 1, PDL on the second as in the step)
+    through the product launcher with the lowering's instance, grids and blocks: the exact pair
+    (w4a16_shared_pair) or the fast tensor-core pair (w4a16_mma_shared_pair)."""
+    from kbpc.codegen.families import w4a16_gemv as low  # noqa: PLC0415
+    wb = _nvfp4_bytes(2 * i, k) + _nvfp4_bytes(n, i)
+    shapes = low.pair_shapes(k, i, n) if fast else None
+    if fast:
+        g0, b0, g1, b1 = low.pair_launch_shapes(i, n, shapes)
+    else:
+        g0, b0, g1, b1 = (low.ctas(2 * i), 1, 1), B256["block"], (low.ctas(n), 1, 1), B256["block"]
+
+    def setup():
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run = launcher(low.pair_instance(k, i, shapes))
+        sets = [(_dev(2 * i * k // 2), _dev(2 * i * k // 16), _dev(n * i // 2), _dev(n * i // 16))
+                for _ in range(rotations(wb))]
+        x, y = _dev(2 * k), _dev(2 * n)
+
+        def launch(r, stream=None):
+            gc, gs, dc, ds = sets[r % len(sets)]
+            args = (gc, gs, 1.0, x, dc, ds, 1.0, 10.0, y, n)
+            run(g0, b0, 0, *args, pdl=True, sync=False, stream=stream)
+            run(g1, b1, 1, *args, pdl=True, sync=False, stream=stream)
+        return launch
+    form = f"w4a16_mma_shared_pair {shapes}" if fast else "w4a16_shared_pair"
+    return Case(f"w4a16_gemv::{form} {name}", f"{2 * i}x{k} + {n}x{i} nvfp4", wb + 2 * k + 2 * n, setup)
+
+
 # ------------------------------------------------------------------ w4a4
 
 def _expert_stacks(slots, n, k):
@@ -290,6 +319,8 @@ CASES = [
     w4a16_segs("kda six q,k,v,f_a,b,g_a", (8192, 8192, 8192, 128, 64, 128), 4096),
     w4a16_segs("shared expert gate,up", (2048, 2048), 4096),
     w4a16_silu("shared expert down", 4096, 2048),
+    w4a16_pair("shared expert (2 launches)", 4096, 2048, 4096, fast=False),
+    w4a16_pair("shared expert (2 launches)", 4096, 2048, 4096, fast=True),
     w4a4_slots("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_slots_launcher("moe gate_up (8 slots)", 4096, 4096, 8, True),

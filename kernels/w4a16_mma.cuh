@@ -10,6 +10,21 @@
 //   w4a16_mma<K, KS, T>(codes, scales, s_g, x, y, N)         grid = w4a16f_ctas(N, T), block = 32*KS*T
 //   w4a16_mma_seg_list<K, KS, T, NSEG>(segs, x)               grid = sum_s w4a16f_ctas(n_s, T)
 //       several projections of one input (W4A16SegList<NSEG> by value, as w4a16_gemv_seg_list).
+//   w4a16_mma_f32_input<K, KS, T>(codes, scales, s_g, x, y, N) as w4a16_mma on an FP32 row x
+//       (16-byte aligned), staged the same way; FP16 keeps 11 of its 24 bits, so each staged value
+//       errs by up to 2^-11 |x_k| + 2^-25 2^-e (gemv_bounds.w4a16_mma_act_bound).
+//   w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1>(phase, gu codes/scales/s_g, x, dn codes/scales/s_g,
+//       L, y, N): a shared expert (w4a16_shared_pair's parameters and launch order: phase 0 then
+//       phase 1 on one stream; launches sharing a TU must not overlap), with the SwiGLU row act
+//       (I FP32) in a device array private to the instantiating TU.
+//       phase 0: grid = ceil(I / (8 T0)), block = 32 KS0 T0; tile tau holds gate rows 8 tau.. as
+//         MMA rows 0-7 and up rows I + 8 tau.. as rows 8-15 of the [gate | up] weight (2I rows),
+//         so a thread finishes g_i and u_i: each rn_bf16 as above, then glm_swiglu_clamp's exact
+//         FP32 expression act_i = silu(fminf(g, L)) * fminf(fmaxf(u, -L), L) (the reference's
+//         clamp_gate_up and silu input on the BF16 g, u), stored once.
+//       phase 1: grid = ceil(N / (16 T1)), block = 32 KS1 T1: w4a16_mma_f32_input<I, KS1, T1> of act.
+//       Requirements: K, I % 32 == 0, <= W4A16F_MAX_K. Bound: kbpc.reference.gemv_bounds.
+//       shared_pair_fast_bound (phase 0's error through the SwiGLU, plus act's FP16 rounding).
 // Math (fast: a different accumulation order and precision point than the reference):
 //   w_nk = q_nk s_nj is exact in FP16 (<= 6 significant bits, |w| in [2^-10, 2688]); the kernel
 //   forms A = w * 2^-7 (exact, subnormals included) from the E2M1 bits placed as FP16 (q * 2^-14)
@@ -72,47 +87,100 @@ __device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], uint32_t a0, uin
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Stage x (K BF16) as FP16 pairs times 2^e into xs, zero-padding to whole chunks; returns 2^-e.
-// All NT threads of the CTA call it (two barriers); `red` holds NT/32 floats.
-template <int K, int NT>
-__device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* __restrict__ x, uint4* xs, float* red) {
-    constexpr int NB = K / 8, NBP = (K + 127) / 128 * 16;
-    const uint4* x4 = reinterpret_cast<const uint4*>(x);
-    float m = 0.0f;
-#pragma unroll 4
-    for (int b = threadIdx.x; b < NB; b += NT) {  // pass 1: max |x|
-        const uint4 r = __ldg(x4 + b);
-        const uint32_t v[4] = {r.x, r.y, r.z, r.w};
+// FP16 pairs of 8 scaled values into slot b: the pairs of e2m1x8_f16, (x3,x7) (x1,x5) (x2,x6) (x0,x4).
+__device__ __forceinline__ void w4a16f_store8(uint4* xs, int b, const float (&v)[8], float f) {
+    float h[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            m = fmaxf(m, fmaxf(fabsf(__uint_as_float(v[j] << 16)), fabsf(__uint_as_float(v[j] & 0xffff0000u))));
-    }
+    for (int j = 0; j < 8; ++j) h[j] = __fmul_rn(v[j], f);
+    xs[w4a16f_slot(b)] = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
+                                    f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
+}
+
+// The CTA's max over its threads' m (one barrier); `red` holds NT/32 floats. Returns 2^e for
+// max|x| in [2^E, 2^(E+1)): e = 14 - E (a zero or subnormal max takes the largest e, 126).
+template <int NT>
+__device__ __forceinline__ int w4a16f_scale_exp(float m, float* red) {
     m = warp_max_xor(m);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
     __syncthreads();
     m = red[0];
 #pragma unroll
     for (int w = 1; w < NT / 32; ++w) m = fmaxf(m, red[w]);
-    // max|x| in [2^E, 2^(E+1)) -> e = 14 - E (a zero or subnormal max takes the largest e).
     const int be = (int)((__float_as_uint(m) >> 23) & 0xffu);
-    const int e = max(-126, min(126, 14 - (be - 127)));
-    const float f = __uint_as_float((uint32_t)(e + 127) << 23);
+    return max(-126, min(126, 14 - (be - 127)));
+}
+
+// Stage an activation row of K values as FP16 pairs times 2^e into xs, zero-padding to whole
+// chunks; returns 2^-e. load8(b, h) reads values 8b..8b+7 as FP32 into h. All NT threads of the CTA
+// call it (two barriers). HOLD: where each thread has at most HOLD 8-value blocks, they are loaded
+// once and kept in registers; otherwise pass 2 loads them again (cache hits).
+template <int K, int NT, int HOLD, class Load8>
+__device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, float* red) {
+    constexpr int NB = K / 8, NBP = (K + 127) / 128 * 16, PER = (NBP + NT - 1) / NT;
+    float m = 0.0f;
+    if constexpr (PER <= HOLD) {
+        float v[PER][8];
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int b = threadIdx.x + p * NT;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[p][j] = 0.0f;
+            if (b < NB) load8(b, v[p]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[p][j]));
+        }
+        const int e = w4a16f_scale_exp<NT>(m, red);
+        const float f = __uint_as_float((uint32_t)(e + 127) << 23);
+#pragma unroll
+        for (int p = 0; p < PER; ++p)
+            if (threadIdx.x + p * NT < NBP) w4a16f_store8(xs, threadIdx.x + p * NT, v[p], f);
+        __syncthreads();
+        return __uint_as_float((uint32_t)(127 - e) << 23);
+    } else {
 #pragma unroll 4
-    for (int b = threadIdx.x; b < NBP; b += NT) {  // pass 2 (L1 hits): scale, round, pair, store
-        const uint4 r = b < NB ? __ldg(x4 + b) : make_uint4(0u, 0u, 0u, 0u);
+        for (int b = threadIdx.x; b < NB; b += NT) {  // pass 1: max |x|
+            float h[8];
+            load8(b, h);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(h[j]));
+        }
+        const int e = w4a16f_scale_exp<NT>(m, red);
+        const float f = __uint_as_float((uint32_t)(e + 127) << 23);
+#pragma unroll 4
+        for (int b = threadIdx.x; b < NBP; b += NT) {  // pass 2 (cache hits): scale, round, pair, store
+            float h[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (b < NB) load8(b, h);
+            w4a16f_store8(xs, b, h, f);
+        }
+        __syncthreads();
+        return __uint_as_float((uint32_t)(127 - e) << 23);
+    }
+}
+
+// x as K BF16 values (widened exactly).
+template <int K, int NT>
+__device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* __restrict__ x, uint4* xs, float* red) {
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    return w4a16f_stage<K, NT, 0>([x4](int b, float (&h)[8]) {
+        const uint4 r = __ldg(x4 + b);
         const uint32_t v[4] = {r.x, r.y, r.z, r.w};
-        float h[8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            h[2 * j] = __fmul_rn(__uint_as_float(v[j] << 16), f);
-            h[2 * j + 1] = __fmul_rn(__uint_as_float(v[j] & 0xffff0000u), f);
+            h[2 * j] = __uint_as_float(v[j] << 16);
+            h[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
         }
-        // the pairs of e2m1x8_f16: (x3,x7) (x1,x5) (x2,x6) (x0,x4)
-        xs[w4a16f_slot(b)] = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
-                                        f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
-    }
-    __syncthreads();
-    return __uint_as_float((uint32_t)(127 - e) << 23);
+    }, xs, red);
+}
+
+// x as K FP32 values (16-byte aligned; the shared pair's SwiGLU row, written by the previous launch:
+// read through L2, and held in registers where a thread has at most two 8-value blocks).
+template <int K, int NT>
+__device__ __forceinline__ float w4a16f_stage_f32(const float* __restrict__ x, uint4* xs, float* red) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    return w4a16f_stage<K, NT, 2>([x4](int b, float (&h)[8]) {
+        const float4 a = __ldcg(x4 + 2 * b), c = __ldcg(x4 + 2 * b + 1);
+        h[0] = a.x; h[1] = a.y; h[2] = a.z; h[3] = a.w; h[4] = c.x; h[5] = c.y; h[6] = c.z; h[7] = c.w;
+    }, xs, red);
 }
 
 // One warp's code and scale registers for W4A16F_BATCH chunks (rows g and g+8).
@@ -161,28 +229,28 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
     }
 }
 
-// One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS
-// and the K chunks c = w % KS (mod KS); x is staged once for all of them.
-template <int K, int KS, int T>
-__device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                             float gscale, __nv_bfloat16* __restrict__ y, int N, int n0,
-                                             const __nv_bfloat16* __restrict__ x) {
+// The MMA loop of one CTA (NT = 32 * warps threads): warp w takes the K chunks c = w % KS (mod KS)
+// of its tile, whose lane rows g / g+8 are rows min(bg + g, lg) / min(b8 + g, l8) of the weight
+// (clamped rows are read, never stored). The first batch of weight loads is issued before
+// pdl_wait(), then stage() stages the activation into xs and returns its 2^-e. Leaves each warp's
+// 16 row partials in part[warp] (after a barrier) and returns 2^-e.
+template <int K, int KS, int NT, class Stage>
+__device__ __forceinline__ float w4a16f_mac(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                            int bg, int lg, int b8, int l8, Stage stage, const uint4* xs,
+                                            float (*part)[16]) {
     static_assert(K % 32 == 0 && K <= W4A16F_MAX_K, "w4a16_mma: K % 32 == 0 and K <= W4A16F_MAX_K");
     static_assert(KS == 1 || KS == 2 || KS == 4 || KS == 8 || KS == 16, "w4a16_mma: KS warps per tile");
-    static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
+    static_assert(NT % (32 * KS) == 0 && NT <= 512, "w4a16_mma: at most 16 warps per CTA");
     constexpr int NCH = (K + 127) / 128, PER = (NCH + KS - 1) / KS;
     constexpr int NBATCH = (PER + W4A16F_BATCH - 1) / W4A16F_BATCH;
-    __shared__ uint4 xs[w4a16f_slot(NCH * 16)];
-    __shared__ float red[T * KS], part[T * KS][16];
     const int warp = threadIdx.x >> 5, ks = warp % KS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = n0 + 16 * (warp / KS);
-    const size_t rg = (size_t)min(r0 + g, N - 1), r8 = (size_t)min(r0 + g + 8, N - 1);  // clamped: read, never stored
+    const size_t rg = (size_t)min(bg + g, lg), r8 = (size_t)min(b8 + g, l8);
     const uint8_t *cg = codes + rg * (K / 2), *c8 = codes + r8 * (K / 2);
     const uint8_t *sg = scales + rg * (K / 16), *s8 = scales + r8 * (K / 16);
     W4A16FBatch cur;
     w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
     pdl_wait();
-    const float unscale = w4a16f_stage_x<K, 32 * T * KS>(x, xs, red);
+    const float unscale = stage();
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int b = 0; b < NBATCH; ++b) {
@@ -198,6 +266,21 @@ __device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, 
     pdl_launch_dependents();
     if (t == 0) { part[warp][g] = d[0]; part[warp][g + 8] = d[2]; }
     __syncthreads();
+    return unscale;
+}
+
+// Shared-memory slots (uint4) of a staged K-wide row.
+__host__ __device__ constexpr int w4a16f_xs_slots(int k) { return w4a16f_slot((k + 127) / 128 * 16); }
+
+// One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS;
+// the activation is staged once for all of them by stage(); y = rn_bf16(P 2^(7-e) s_g).
+template <int K, int KS, int T, class Stage>
+__device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                                float gscale, __nv_bfloat16* __restrict__ y, int N, int n0, Stage stage,
+                                                const uint4* xs, float (*part)[16]) {
+    static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
+    const int r0 = n0 + 16 * ((threadIdx.x >> 5) / KS);
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T>(codes, scales, r0, N - 1, r0 + 8, N - 1, stage, xs, part);
     const int tile = threadIdx.x >> 4, row = threadIdx.x & 15, n = n0 + 16 * tile + row;
     if (tile < T && n < N) {
         float p = part[tile * KS][row];
@@ -205,6 +288,17 @@ __device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, 
         for (int w = 1; w < KS; ++w) p = __fadd_rn(p, part[tile * KS + w][row]);
         y[n] = f32_to_bf16(__fmul_rn(__fmul_rn(p, __fmul_rn(unscale, 128.0f)), gscale));
     }
+}
+
+// The BF16-activation form.
+template <int K, int KS, int T>
+__device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                             float gscale, __nv_bfloat16* __restrict__ y, int N, int n0,
+                                             const __nv_bfloat16* __restrict__ x) {
+    __shared__ uint4 xs[w4a16f_xs_slots(K)];
+    __shared__ float red[T * KS], part[T * KS][16];
+    w4a16f_tiles_in<K, KS, T>(codes, scales, gscale, y, N, n0,
+                              [&]() { return w4a16f_stage_x<K, 32 * T * KS>(x, xs, red); }, xs, part);
 }
 
 template <int K, int KS, int T>
@@ -239,5 +333,93 @@ __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mm
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     w4a16_mma_seg_dev<K, KS, T>(segs.seg, NSEG, x);
 }
+
+
+// ------------------------------------------------------------------ FP32 input, shared expert pair
+
+template <int K, int KS, int T>
+__device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* __restrict__ codes,
+                                                        const uint8_t* __restrict__ scales, float gscale,
+                                                        const float* __restrict__ x, __nv_bfloat16* __restrict__ y,
+                                                        int N) {
+    __shared__ uint4 xs[w4a16f_xs_slots(K)];
+    __shared__ float red[T * KS], part[T * KS][16];
+    w4a16f_tiles_in<K, KS, T>(codes, scales, gscale, y, N, blockIdx.x * 16 * T,
+                              [&]() { return w4a16f_stage_f32<K, 32 * T * KS>(x, xs, red); }, xs, part);
+}
+
+template <int K, int KS, int T>
+__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T))
+    w4a16_mma_f32_input(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales, float gscale,
+                        const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_mma_f32_input_dev<K, KS, T>(codes, scales, gscale, x, y, N);
+}
+
+namespace {  // internal linkage: each TU (kernel instance) owns its SwiGLU row
+template <int I>
+__device__ __align__(16) float w4a16f_pair_row[I];
+}  // namespace
+
+// Phase 0 of the pair: T tiles per CTA, tile tau = the 8 gate rows 8 tau.. (MMA rows 0-7) and the
+// 8 up rows I + 8 tau.. (MMA rows 8-15), so one thread finishes g_i and u_i together:
+// g, u = rn_bf16(P 2^(7-e) s_g) as the one-linear form, then the exact element expression of
+// glm_swiglu_clamp in FP32: act_i = f32(silu(fminf(g, L)) * fminf(fmaxf(u, -L), L)), stored in FP32.
+template <int K, int I, int KS, int T>
+__device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* __restrict__ codes,
+                                                    const uint8_t* __restrict__ scales, float gscale,
+                                                    const __nv_bfloat16* __restrict__ x, float limit, float* act,
+                                                    uint4* xs, float* red, float (*part)[16]) {
+    static_assert(I % 8 == 0, "w4a16_mma_shared_pair: 8 gate and 8 up rows per tile");
+    const int tau = blockIdx.x * T + (threadIdx.x >> 5) / KS;
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T>(
+        codes, scales, 8 * tau, I - 1, I + 8 * tau, 2 * I - 1,
+        [&]() { return w4a16f_stage_x<K, 32 * KS * T>(x, xs, red); }, xs, part);
+    const int tile = threadIdx.x >> 3, row = threadIdx.x & 7, i = 8 * (blockIdx.x * T + tile) + row;
+    if (tile < T && i < I) {
+        float pg = part[tile * KS][row], pu = part[tile * KS][row + 8];
+#pragma unroll
+        for (int w = 1; w < KS; ++w) {
+            pg = __fadd_rn(pg, part[tile * KS + w][row]);
+            pu = __fadd_rn(pu, part[tile * KS + w][row + 8]);
+        }
+        const float s = __fmul_rn(unscale, 128.0f);
+        const float g = fminf(__bfloat162float(f32_to_bf16(__fmul_rn(__fmul_rn(pg, s), gscale))), limit);
+        const float u = __bfloat162float(f32_to_bf16(__fmul_rn(__fmul_rn(pu, s), gscale)));
+        act[i] = __fmul_rn(silu_f32(g), fminf(fmaxf(u, -limit), limit));
+    }
+}
+
+#define W4A16F_PAIR_WARPS (KS0 * T0 > KS1 * T1 ? KS0 * T0 : KS1 * T1)
+
+template <int K, int I, int KS0, int T0, int KS1, int T1>
+__device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8_t* __restrict__ gu_codes,
+                                                          const uint8_t* __restrict__ gu_scales, float gu_gscale,
+                                                          const __nv_bfloat16* __restrict__ x,
+                                                          const uint8_t* __restrict__ dn_codes,
+                                                          const uint8_t* __restrict__ dn_scales, float dn_gscale,
+                                                          float limit, __nv_bfloat16* __restrict__ y, int N) {
+    static_assert(KS0 * T0 <= 16 && KS1 * T1 <= 16, "w4a16_mma_shared_pair: at most 16 warps per CTA");
+    constexpr int SLOTS = w4a16f_xs_slots(K) > w4a16f_xs_slots(I) ? w4a16f_xs_slots(K) : w4a16f_xs_slots(I);
+    __shared__ uint4 xs[SLOTS];  // one staging buffer for both phases
+    __shared__ float red[16], part[16][16];
+    float* act = w4a16f_pair_row<I>;
+    if (phase == 0)  // uniform per launch
+        w4a16f_pair_gate_up<K, I, KS0, T0>(gu_codes, gu_scales, gu_gscale, x, limit, act, xs, red, part);
+    else
+        w4a16f_tiles_in<I, KS1, T1>(dn_codes, dn_scales, dn_gscale, y, N, blockIdx.x * 16 * T1,
+                                    [&]() { return w4a16f_stage_f32<I, 32 * KS1 * T1>(act, xs, red); }, xs, part);
+}
+
+template <int K, int I, int KS0, int T0, int KS1, int T1>
+__global__ void __launch_bounds__(32 * W4A16F_PAIR_WARPS, W4A16F_MIN_CTAS(W4A16F_PAIR_WARPS))
+    w4a16_mma_shared_pair(int phase, const uint8_t* __restrict__ gu_codes, const uint8_t* __restrict__ gu_scales,
+                          float gu_gscale, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ dn_codes,
+                          const uint8_t* __restrict__ dn_scales, float dn_gscale, float limit,
+                          __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_mma_shared_pair_dev<K, I, KS0, T0, KS1, T1>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales,
+                                                      dn_gscale, limit, y, N);
+}
+
+#undef W4A16F_PAIR_WARPS
 
 }  // namespace kbp

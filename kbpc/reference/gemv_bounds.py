@@ -23,6 +23,28 @@ operations whose partial sums are bounded by S errs by at most n u S):
   c = 36 n + KS + c_ref. The activation is rounded to FP16 after scaling by 2^e with max|x| 2^e in
   [2^14, 2^15): exact unless |x_k| 2^e < 2^-17, and then off by at most 2^-25 2^-e, which adds
   2^-25 2^-e s_g sum_k |q_nk s_nk| (2^-e = 2^-14 max|x| at most, or 2^-126 when e is clamped).
+
+The shared-expert pair's fast form (w4a16_mma_shared_pair: gate_up on tensor cores, the SwiGLU row
+act_i = silu(min(g_i, L)) * clamp(u_i, -L, L) formed once in FP32 from the BF16-rounded g, u, then
+staged as FP16 for the down MMA GEMV) against the reference pair (chunk-walk gate_up to BF16, then
+the 8-value-walk down GEMV on the FP32 act row), bounded phase by phase:
+
+- phase 0 is w4a16_mma with KS0: |g_fast - g_ref| <= d_i = b0_i + ulp_bf16((|g_ref| + b0_i)(1 + 2^-6))
+  (b0 = w4a16_mma_bound; the ulp term is the two BF16 roundings, |g_fast| being at most that large).
+- the act row: |act_fast - act_ref| <= D (1 + r) + 2.01 r |act_ref| + 3 a, with
+  D = 1.1 dg^ min(|u^| + du^, L) + |silu(g^)| du^ the change of the real expression (silu is
+  1.0999-Lipschitz, |u^| <= L; dg^ <= dg and du^ <= du are how far the monotone clamps let g^ and
+  u^ move, zero where clamped throughout), r = 2^-21 the relative error of its FP32 evaluation
+  (expf within 2 ulp, three rounded operations: 7u), a = 2^-120 max(1, L) where exp(-g) overflows.
+- phase 1 stages act * 2^e as FP16 (max|act| 2^e in [2^14, 2^15)): off by at most
+  2^-11 |act| + 2^-25 2^-e; the down MMA chain has c = 36 n + KS1 + c_ref8 with c_ref8 =
+  9 + 8 ceil(I/512) the reference's 8-value walk (the weight product f32(q f32(s_g s)): 2u; 8 FMAs per
+  512-wide vector step of each of 64 lanes; the shuffle tree and two-warp add; second order), so
+  |y_fast - y_ref| <= c u sum_k |W_nk| (|act_k| + e_k) + sum_k |W_nk| e_k before the BF16 roundings,
+  e_k the act difference plus the FP16 rounding.
+The phase-0 term dominates where g, u differ by a BF16 ulp (it is a worst case over every element
+at once); on random inputs the fast phase 0 equals the reference's bits almost everywhere and the
+FP16 staging sets the error, about 2^-13 of |y| in RMS.
 """
 from __future__ import annotations
 
@@ -31,10 +53,15 @@ import math
 import numpy as np
 
 from kbpc.reference.formats import NVFP4_GROUP, nvfp4_group_values
+from kbpc.reference.glm_swiglu_clamp import clamp_gate_up, split_gate_up
+from kbpc.reference.w4a16_gemv import silu_input, w4a16_gemv
 
 U = 2.0 ** -24
 MMA_STEP = 36          # error of one tensor-core MMA in units of u (|C| + sum |products|)
 LANES, TREE = 64, 6    # the reference's lane walk: 64 lanes, 5 shuffle levels + the two-warp add
+SILU_LIP = 1.1         # max |silu'| = 1.0998 (at 2.3994)
+SWIGLU_F32_REL = 2.0 ** -21   # relative error of the FP32 act expression (expf within 2 ulp + 3 roundings)
+F16_REL, F16_HALF_SUB = 2.0 ** -11, 2.0 ** -25   # FP16 unit roundoff; half the subnormal spacing
 
 
 def w4a16_ref_c(k: int) -> float:
@@ -46,6 +73,16 @@ def w4a16_mma_c(k: int, ks: int) -> float:
     """c of kernels/w4a16_mma.cuh with KS warps splitting K, plus the reference's."""
     mmas = 8 * math.ceil(math.ceil(k / 128) / ks)
     return MMA_STEP * mmas + ks + w4a16_ref_c(k)
+
+
+def w4a16_vec8_ref_c(k: int) -> float:
+    """c of the reference 8-value walk (`kbpc.reference.w4a16_gemv`, walk vec8; the silu input)."""
+    return 3 + 8 * math.ceil(k / (8 * LANES)) + TREE
+
+
+def w4a16_mma_act_c(k: int, ks: int) -> float:
+    """c of the fast pair's phase 1 (w4a16_mma's chain on the staged act row) plus the vec8 reference's."""
+    return MMA_STEP * 8 * math.ceil(math.ceil(k / 128) / ks) + ks + w4a16_vec8_ref_c(k)
 
 
 def _nvfp4_abs(packed, scales, global_scale) -> np.ndarray:
@@ -60,6 +97,57 @@ def w4a16_mma_bound(x, packed, scales, global_scale, ks: int) -> np.ndarray:
     amax = float(np.max(np.abs(x))) if x.size else 0.0
     inv_scale = max(amax * 2.0 ** -14, 2.0 ** -126)   # 2^-e, at most
     return w4a16_mma_c(x.size, ks) * U * (wabs @ np.abs(x)) + 2.0 ** -25 * inv_scale * wabs.sum(axis=-1)
+
+
+def bf16_pair_delta(want, bound) -> np.ndarray:
+    """Bound on |got - want| for BF16 results whose pre-rounding values are within `bound`: bound
+    plus one BF16 ulp of the larger magnitude, which is at most (|want| + bound)(1 + 2^-6)."""
+    want, bound = np.abs(np.asarray(want, np.float64)), np.asarray(bound, np.float64)
+    return bound + bf16_ulp((want + bound) * (1.0 + 2.0 ** -6))
+
+
+def _silu64(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return v / (1.0 + np.exp(-v))
+
+
+def swiglu_act_delta(g, u, dg, du, limit: float) -> np.ndarray:
+    """Bound on |act(g', u') - act_ref(g, u)| over |g' - g| <= dg, |u' - u| <= du, both sides the
+    FP32 expression silu(min(g, L)) * clamp(u, -L, L) of glm_swiglu_clamp (g, u the reference's
+    BF16 gate and up values)."""
+    g, u = np.asarray(g, np.float64), np.asarray(u, np.float64)
+    dg, du, lim = np.asarray(dg, np.float64), np.asarray(du, np.float64), float(limit)
+    gh, uh = np.minimum(g, lim), np.clip(u, -lim, lim)
+    # how far the clamped values can move (the clamps are monotone: zero where clamped throughout)
+    dgh = np.maximum(np.minimum(g + dg, lim) - gh, gh - np.minimum(g - dg, lim))
+    duh = np.maximum(np.clip(u + du, -lim, lim) - uh, uh - np.clip(u - du, -lim, lim))
+    s = np.abs(_silu64(gh))
+    d = SILU_LIP * dgh * np.minimum(np.abs(uh) + duh, lim) + s * duh
+    a = 2.0 ** -120 * max(1.0, lim)
+    return d * (1 + SWIGLU_F32_REL) + 2.01 * SWIGLU_F32_REL * s * np.abs(uh) + 3 * a
+
+
+def w4a16_mma_act_bound(act, dact, packed, scales, global_scale, ks: int) -> np.ndarray:
+    """(N,) bound on |y_fast - y_ref| before the BF16 roundings for the fast pair's phase 1: the down
+    MMA GEMV on an FP32 row within `dact` of the reference's act row (the vec8 walk's input)."""
+    act = np.abs(np.asarray(act, np.float64).reshape(-1))
+    dact = np.broadcast_to(np.asarray(dact, np.float64), act.shape)
+    hi = act + dact                                        # |act_fast| at most
+    inv_scale = max(float(hi.max(initial=0.0)) * 2.0 ** -14, 2.0 ** -126)   # 2^-e, at most
+    err = dact + F16_REL * hi + F16_HALF_SUB * inv_scale   # act difference + the FP16 staging
+    wabs = _nvfp4_abs(packed, scales, global_scale)
+    return w4a16_mma_act_c(act.size, ks) * U * (wabs @ (hi + err)) + wabs @ err
+
+
+def shared_pair_fast_bound(x, gate_up, down, limit: float, ks0: int, ks1: int) -> np.ndarray:
+    """(N,) bound on |y_fast - y_ref| before the BF16 roundings of the fast shared-expert pair on
+    input x, gate_up and down each (packed, scales, global_scale); y_ref is the reference pair
+    (w4a16_gemv, clamp_gate_up, w4a16_gemv_silu_input)."""
+    gu = w4a16_gemv(x, *gate_up)[0]
+    d = bf16_pair_delta(gu, w4a16_mma_bound(x, *gate_up, ks0))
+    (g, u), (dg, du) = split_gate_up(gu), np.split(d, 2)
+    act = silu_input(*split_gate_up(clamp_gate_up(gu, limit)))
+    return w4a16_mma_act_bound(act, swiglu_act_delta(g, u, dg, du, limit), *down, ks1)
 
 
 def bf16_ulp(v) -> np.ndarray:

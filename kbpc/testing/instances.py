@@ -64,12 +64,21 @@ def w4a16_silu_clamp_input(k: int) -> KernelInstance:
 
 
 def w4a16_shared_pair(k: int, i: int) -> KernelInstance:
-    return KernelInstance("w4a16_gemv", w4a16_gemv.HEADER, f"kbp::w4a16_shared_pair<{k}, {i}>",
-                          ("int", *W4, f"const {BF}*", *W4, "float", f"{BF}*", "int"))
+    return w4a16_gemv.pair_instance(k, i)                   # the lowering's own
+
+
+def w4a16_mma_shared_pair(k: int, i: int, ks0: int, t0: int, ks1: int, t1: int) -> KernelInstance:
+    return w4a16_gemv.pair_instance(k, i, (ks0, t0, ks1, t1))
 
 
 def w4a16_mma(k: int, ks: int, t: int) -> KernelInstance:
     return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}>", (*W4, *W4_OUT))
+
+
+def w4a16_mma_f32_input(k: int, ks: int, t: int) -> KernelInstance:
+    """The fast pair's phase 1 on its own (an FP32 input row staged as FP16); not lowered."""
+    return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER, f"kbp::w4a16_mma_f32_input<{k}, {ks}, {t}>",
+                          (*W4, "const float*", f"{BF}*", "int"))
 
 
 def w4a16_mma_seg_list(k: int, ks: int, t: int, nseg: int) -> KernelInstance:
@@ -238,7 +247,7 @@ MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::dense_gemv_bf16": dense, "kbp::dense_gemv_bf16_opc": dense,
     "kbp::w4a16_gemv": w4a16, "kbp::w4a16_gemv_seg_list": w4a16_seg_list,
     "kbp::w4a16_shared_pair": w4a16_shared_pair, "kbp::w4a16_mma": w4a16_mma,
-    "kbp::w4a16_mma_seg_list": w4a16_mma_seg_list,
+    "kbp::w4a16_mma_seg_list": w4a16_mma_seg_list, "kbp::w4a16_mma_shared_pair": w4a16_mma_shared_pair,
     "kbp::w4a4_quant_rows": w4a4_quant_rows, "kbp::w4a4_gemv": w4a4_gemv,
     "kbp::w4a4_quant_rows_static": w4a4_quant_rows_static, "kbp::w4a4_gemv_moe_slots": w4a4_moe_slots,
     "kbp::w4a4_gemv_moe_slots_bf16": w4a4_moe_slots_bf16,

@@ -1,6 +1,7 @@
-"""The fast and small-N GEMV forms, and the fused router GEMV + top-k (router_gemv_topk, as the
-lowering instantiates it), instantiate at the seed's shapes and at odd legal shapes, for sm_90a (the
-real build flags; no register spills) and sm_121a (compile only, -O1)."""
+"""The fast and small-N GEMV forms (the fast shared-expert pair too), and the fused router GEMV +
+top-k (router_gemv_topk, as the lowering instantiates it), instantiate at the seed's shapes and at
+odd legal shapes, for sm_90a (the real build flags; no register spills) and sm_121a (compile only,
+-O1)."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kbpc.codegen.families.glm_router_topk import fused_instance
+from kbpc.codegen.families.w4a16_gemv import pair_instance, pair_shapes
 from kbpc.toolchain.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
 
 pytestmark = pytest.mark.nvcc
@@ -29,6 +31,8 @@ template __global__ void kbp::w4a16_mma<1056, 1, 8>({W4});
 template __global__ void kbp::w4a16_mma<32, 1, 1>({W4});
 template __global__ void kbp::w4a16_mma<20480, 16, 1>({W4});
 template __global__ void kbp::w4a16_mma_seg_list<4096, 2, 4, 6>(const __grid_constant__ kbp::W4A16SegList<6>, const {BF}*);
+template __global__ void kbp::w4a16_mma_f32_input<2048, 8, 1>(const uint8_t*, const uint8_t*, float, const float*, {BF}*, int);
+template __global__ void kbp::w4a16_mma_f32_input<20480, 16, 1>(const uint8_t*, const uint8_t*, float, const float*, {BF}*, int);
 template __global__ void kbp::w4a16_gemv<8192>({W4});
 template __global__ void kbp::w4a16_gemv<1040>({W4});
 template __global__ void kbp::wxay_rowscale_ks<4096, 1>({WX});
@@ -40,8 +44,12 @@ template __global__ void kbp::dense_gemv_bf16_opc<520, {BF}, 2>(const {BF}*, con
 # (hidden, experts, top k): the seed, its 128-expert shrink, the tiny example, a row past the GEMV's
 # first load batch, the top-k's limits, odd sizes.
 ROUTERS = [(4096, 288, 8), (4096, 128, 8), (256, 8, 2), (6144, 256, 8), (1024, 1024, 32), (104, 33, 4), (512, 700, 8)]
+# (k, i, n) of fast shared-expert pairs as the lowering shapes them: the seed's, a 512-thread phase,
+# the largest K and I (static shared memory: one staging buffer for both phases).
+PAIRS = [(4096, 2048, 4096), (2176, 96, 37), (8192, 1024, 520), (20480, 20480, 4096)]
 SOURCE += "".join(f"template __global__ void {i.kernel}({', '.join(i.params)});\n"
-                  for i in (fused_instance(*r) for r in ROUTERS))
+                  for i in [fused_instance(*r) for r in ROUTERS] +
+                  [pair_instance(k, i, pair_shapes(k, i, n)) for k, i, n in PAIRS])
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_121a"])

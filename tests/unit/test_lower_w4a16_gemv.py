@@ -8,6 +8,7 @@ import pytest
 from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import flt
 from kbpc.codegen.families import w4a16_gemv
+from kbpc.codegen.families._projection import linears
 from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
@@ -105,14 +106,13 @@ def test_shared_pair(tiny):
 
 def test_fast_forms(tiny_fast):
     """numerics fast: one linear and segments on w4a16_mma (KS, T from mma_shape), same arguments;
-    the shared-expert pair keeps the exact kernel."""
+    the shared-expert pair on w4a16_mma_shared_pair (test_fast_shared_pair)."""
     plan, ctx = tiny_fast
     for g in family_groups(plan, "w4a16_gemv"):
         launches = w4a16_gemv.lower(ctx, g)
         assert unwritten(plan, g, launches) == []
         nodes = [plan.blueprint.node_by_id[n] for n in g.nodes]
         if g.rule == "glm_w4a16_pipe_shared_1row":
-            assert all(l.instance.header == "w4a16_gemv.cuh" for l in launches)
             continue
         k = ctx.input(nodes[0]).dim_value
         ns = [ctx.output(n).dim_value for n in nodes]
@@ -125,6 +125,55 @@ def test_fast_forms(tiny_fast):
             assert launch.args[3:] == (ctx.buf(ctx.input(nodes[0])), ctx.buf(ctx.output(nodes[0])), lit(ns[0]))
         else:
             assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}>"
+
+
+def test_fast_shared_pair(tiny, tiny_fast):
+    """numerics fast: the pair's instance is w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (phase 0:
+    I/8 tiles of 8 gate + 8 up rows, phase 1: the down tiles, each shape from mma_shape), launched
+    twice with the exact pair's arguments (only the instance, grids and blocks differ)."""
+    plan, ctx = tiny_fast
+    plan_x, ctx_x = tiny
+    for g in _groups(plan, "glm_w4a16_pipe_shared_1row"):
+        phase0, phase1 = w4a16_gemv.lower(ctx, g)
+        exact0, exact1 = w4a16_gemv.lower(ctx_x, next(e for e in _groups(plan_x, g.rule) if e.id == g.id))
+        gate_up, down = linears(ctx, g)
+        k, i, n = ctx.input(gate_up).dim_value, ctx.input(down).dim_value, ctx.output(down).dim_value
+        ks0, t0, ks1, t1 = w4a16_gemv.pair_shapes(k, i, n)
+        assert (ks0, t0) == w4a16_gemv.mma_shape(i // 8, k) and (ks1, t1) == w4a16_gemv.mma_shape(-(-n // 16), i)
+        assert phase0.instance == phase1.instance
+        assert phase0.instance.header == "w4a16_mma.cuh"
+        assert phase0.instance.kernel == f"kbp::w4a16_mma_shared_pair<{k}, {i}, {ks0}, {t0}, {ks1}, {t1}>"
+        assert phase0.instance.params == exact0.instance.params
+        assert phase0.grid == (-(-i // (8 * t0)), 1, 1) and phase0.block == (32 * ks0 * t0, 1, 1)
+        assert phase1.grid == (-(-n // (16 * t1)), 1, 1) and phase1.block == (32 * ks1 * t1, 1, 1)
+        assert (phase0.args, phase1.args) == (exact0.args, exact1.args)
+        assert unwritten(plan, g, [phase0, phase1]) == []
+
+
+def test_fast_shared_pair_falls_back(tiny_fast, monkeypatch):
+    """Where I (the down projection's K) misses the tensor-core form's limits, the whole pair keeps
+    the exact kernel; so it does where K does."""
+    plan, ctx = tiny_fast
+    g = _groups(plan, "glm_w4a16_pipe_shared_1row")[0]
+    gate_up, down = linears(ctx, g)
+    k, i = ctx.input(gate_up).dim_value, ctx.input(down).dim_value
+    exact = [w4a16_gemv.pair_instance(k, i)] * 2
+    for missing in (i, k):   # the one size that misses the limits
+        monkeypatch.setattr(w4a16_gemv, "_fast", lambda _ctx, size, missing=missing: size != missing)
+        assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
+    monkeypatch.undo()
+    monkeypatch.setattr(w4a16_gemv, "MMA_MAX_K", min(i, k) - 1)
+    assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
+
+
+def test_seed_shared_pair_shapes(seed_path):
+    """The seed's shared experts (K 4096, I 2048, N 4096): 256 CTAs of 8 warps in both phases."""
+    plan, ctx = planned(str(seed_path), numerics="fast")
+    g = _groups(plan, "glm_w4a16_pipe_shared_1row")[0]
+    phase0, phase1 = w4a16_gemv.lower(ctx, g)
+    assert phase0.instance.kernel == "kbp::w4a16_mma_shared_pair<4096, 2048, 8, 1, 8, 1>"
+    assert (phase0.grid, phase0.block, phase1.grid, phase1.block) == ((256, 1, 1), (256, 1, 1), (256, 1, 1),
+                                                                      (256, 1, 1))
 
 
 @pytest.mark.parametrize("tiles,k", [(512, 4096), (256, 8192), (1556, 4096), (1, 32), (8, 20480), (3000, 128)])

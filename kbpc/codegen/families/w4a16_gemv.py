@@ -7,15 +7,26 @@ Group forms, told apart by the group's nodes (not by rule names):
   parameter space in device memory and is captured into the CUDA graph node), up to
   W4A16_MAX_SEGS segments per launch.
 - linear -> swiglu_clamp -> silu_mul -> linear (glm_w4a16_pipe_shared_1row, a shared expert):
-  w4a16_shared_pair<K, I> launched twice. Phase 0 is w4a16_gemv<K> of x into the [g | u] row in a
-  device scratch private to the instance's TU (the group's inner edges have no arena buffer);
-  phase 1 is the silu-input down GEMV on the clamped g^, u^ in FP32 (the reference's
-  clamp_gate_up then w4a16_gemv_silu_input).
+  one instance launched twice (phase 0, phase 1) with a device scratch private to the instance's TU
+  carrying the inner row between them (the group's inner edges have no arena buffer). Exact:
+  w4a16_shared_pair<K, I>: phase 0 is w4a16_gemv<K> of x into the [g | u] row (BF16); phase 1 is
+  the silu-input down GEMV on the clamped g^, u^ in FP32 (the reference's clamp_gate_up then
+  w4a16_gemv_silu_input).
 
-Numerics `fast` (Options.numerics): the one-linear and segmented forms run on FP16 tensor cores
-(kernels/w4a16_mma.cuh, bound in kbpc.reference.gemv_bounds) where K % 32 == 0 and
-K <= MMA_MAX_K, with KS warps splitting K and T tiles per CTA from `mma_shape`; other shapes, and
-the shared-expert pair, keep the exact kernels."""
+Numerics `fast` (Options.numerics): the forms run on FP16 tensor cores (kernels/w4a16_mma.cuh,
+bounds in kbpc.reference.gemv_bounds) where K % 32 == 0 and K <= MMA_MAX_K, with KS warps
+splitting K and T tiles per CTA from `mma_shape`; other shapes keep the exact kernels. The shared
+pair's fast form, w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (`pair_shapes`), needs both its
+depths, K and I (the down projection's), within those limits: phase 0's tiles hold 8 gate rows and
+their 8 up rows, so each CTA finishes g_i and u_i together and writes act_i = silu(clamp g_i) *
+clamp u_i (glm_swiglu_clamp's exact element expression on the BF16-rounded g, u) once, in FP32,
+to the scratch; phase 1 stages that row as FP16 (per-CTA power-of-two scale, as x is staged) for
+the down MMA GEMV. Where K or I misses them (not a multiple of 32: a lane loads 32 codes of a row;
+above MMA_MAX_K: the staged row must fit static shared memory), the whole pair keeps the exact
+form, since its two phases share one TU and one scratch row. Two launches, not one: every down
+output needs the whole act row, so phase 1 waits on all of phase 0 (a grid-wide dependency that
+one launch could only meet with a grid barrier, which needs every CTA resident); with PDL, phase 1
+issues its first weight loads before that wait."""
 from __future__ import annotations
 
 from kbpc.codegen.args import Aggregate, lit
@@ -53,6 +64,28 @@ def mma_shape(tiles: int, k: int) -> tuple[int, int]:
 
 def _fast(ctx: LowerCtx, k: int) -> bool:
     return ctx.plan.options.numerics == "fast" and k % 32 == 0 and k <= MMA_MAX_K
+
+
+def pair_instance(k: int, i: int, shapes: tuple[int, int, int, int] | None = None) -> KernelInstance:
+    """The shared pair's instance: the exact form (shapes None) or the fast form with (KS0, T0) of
+    phase 0 and (KS1, T1) of phase 1 (`pair_shapes`). Both take the same parameters."""
+    params = ("int", *W4, f"const {BF16}*", *W4, "float", f"{BF16}*", "int")
+    if shapes is None:
+        return KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_shared_pair<{k}, {i}>", params)
+    return KernelInstance("w4a16_gemv", MMA_HEADER,
+                          f"kbp::w4a16_mma_shared_pair<{k}, {i}, {', '.join(map(str, shapes))}>", params)
+
+
+def pair_shapes(k: int, i: int, n: int) -> tuple[int, int, int, int]:
+    """(KS0, T0, KS1, T1) of the fast pair: phase 0 has I/8 tiles of depth K (8 gate + 8 up rows
+    each), phase 1 ctas(N) tiles of depth I; each from `mma_shape`."""
+    return (*mma_shape(-(-i // 8), k), *mma_shape(ctas(n), i))
+
+
+def pair_launch_shapes(i: int, n: int, shapes: tuple[int, int, int, int]) -> tuple[tuple, tuple, tuple, tuple]:
+    """(grid0, block0, grid1, block1) of the fast pair's two launches."""
+    ks0, t0, ks1, t1 = shapes
+    return ((-(-i // (8 * t0)), 1, 1), (32 * ks0 * t0, 1, 1), (-(-n // (16 * t1)), 1, 1), (32 * ks1 * t1, 1, 1))
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -124,14 +157,23 @@ def _shared_pair(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[
     require(ctx.bp.node(act.src).op_base == "silu_mul", f"{down.id} does not read the silu_mul output", group)
     require(gu.dim_value == 2 * i, f"gate_up width {gu.dim_value} is not 2 x down's K {i}", group)
     require(k % 16 == 0 and i % 16 == 0, f"K = {k} and I = {i} must be multiples of 16", group)
-    require(i <= SILU_MAX_K, f"down K = {i} exceeds the silu-input form's {SILU_MAX_K}", group)
     one_row(ctx, x, gate_up)
-    inst = KernelInstance("w4a16_gemv", HEADER, f"kbp::w4a16_shared_pair<{k}, {i}>",
-                          ("int", *W4, f"const {BF16}*", *W4, "float", f"{BF16}*", "int"))
     args = (*nvfp4_weight(ctx, gate_up), ctx.buf(x), *nvfp4_weight(ctx, down),
             flt(ctx.c.swiglu_limit), ctx.buf(y), lit(n))
     nodes = tuple(nd.id for nd in ctx.nodes(group))
-    return [Launch(inst, grid=(ctas(2 * i), 1, 1), block=BLOCK, smem=0, args=(lit(0), *args), group=group.id,
-                   nodes=nodes, note="phase 0: gate_up GEMV into the TU's [g | u] scratch"),
-            Launch(inst, grid=(ctas(n), 1, 1), block=BLOCK, smem=0, args=(lit(1), *args), group=group.id,
-                   nodes=nodes, note="phase 1: clamp, silu(g^) * u^ in FP32, down GEMV")]
+    if _fast(ctx, k) and _fast(ctx, i):
+        shapes = pair_shapes(k, i, n)
+        inst = pair_instance(k, i, shapes)
+        grid0, block0, grid1, block1 = pair_launch_shapes(i, n, shapes)
+        notes = ("phase 0: gate_up MMA GEMV, SwiGLU of each (g_i, u_i) into the TU's FP32 row",
+                 "phase 1: the row staged as FP16, down MMA GEMV")
+    else:
+        require(i <= SILU_MAX_K, f"down K = {i} exceeds the silu-input form's {SILU_MAX_K}", group)
+        inst = pair_instance(k, i)
+        grid0, block0, grid1, block1 = (ctas(2 * i), 1, 1), BLOCK, (ctas(n), 1, 1), BLOCK
+        notes = ("phase 0: gate_up GEMV into the TU's [g | u] scratch",
+                 "phase 1: clamp, silu(g^) * u^ in FP32, down GEMV")
+    return [Launch(inst, grid=grid0, block=block0, smem=0, args=(lit(0), *args), group=group.id, nodes=nodes,
+                   note=notes[0]),
+            Launch(inst, grid=grid1, block=block1, smem=0, args=(lit(1), *args), group=group.id, nodes=nodes,
+                   note=notes[1])]
