@@ -101,6 +101,20 @@ class LowerCtx:
             raise LoweringError(f"tensor {t.id} is not materialized (fused inside a group?)", f"edge {t.id}")
         return ArenaPtr(name, b.offset, ctype)
 
+    def in_place(self, parts: list[Tensor], whole: Tensor) -> bool:
+        """Whether the buffers of `parts` lie back to back inside `whole`'s buffer, in order (a
+        concat written in place by memory planning)."""
+        name = buffer_name(self.bp, whole)
+        bufs = [self._buffers.get(buffer_name(self.bp, t)) for t in parts]
+        if any(b is None or b.alias_of != name for b in bufs):
+            return False
+        offset = self._buffers[name].offset
+        for b in bufs:
+            if b.offset != offset:
+                return False
+            offset += b.nbytes
+        return True
+
     def rows(self, t: Tensor) -> int:
         b = self._buffers.get(buffer_name(self.bp, t))
         per_row = t.dim_value

@@ -35,6 +35,8 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
             after_kernel = g.stream in seen_stream and not (i == 0 and g.waits)
             launches.append(dataclasses.replace(launch, pdl=after_kernel))
             seen_stream.add(g.stream)
+        if not g.launches and g.waits:   # a group with nothing to launch (a concat written in place)
+            seen_stream.discard(g.stream)  # still orders its stream after the events it waits for
         groups.append(dataclasses.replace(g, launches=tuple(launches)))
     return dataclasses.replace(step, groups=tuple(groups))
 

@@ -93,6 +93,7 @@ class Buffer:
     last_use: int                     # schedule position of the last reader (inclusive)
     first_use: int                    # schedule position of the producer
     offset: int = -1                  # arena offset (memory planning)
+    alias_of: str = ""                # a concat input written in place: the concat output it lies in
 
 
 @dataclass(frozen=True)

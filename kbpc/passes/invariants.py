@@ -73,5 +73,15 @@ def _check_arena(plan: Plan, where: str) -> None:
         for b in placed[i + 1:]:
             if b.offset >= a.offset + a.nbytes:
                 break
+            if a.alias_of == b.name or b.alias_of == a.name:
+                if not (a.alias_of and _inside(a, b)) and not (b.alias_of and _inside(b, a)):
+                    raise InvariantError(f"concat input {a.name if a.alias_of else b.name} leaves its region", where)
+                continue
+            if a.alias_of and a.alias_of == b.alias_of:
+                raise InvariantError(f"concat inputs {a.name} and {b.name} overlap", where)
             if not (ordered(hb, users[a.name], b.producer_group) or ordered(hb, users[b.name], a.producer_group)):
                 raise InvariantError(f"buffers {a.name} and {b.name} overlap while both are live", where)
+
+
+def _inside(part, region) -> bool:
+    return region.offset <= part.offset and part.offset + part.nbytes <= region.offset + region.nbytes

@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from kbpc.ir.buffers import buffer_bytes, buffer_elements, buffer_name, buffer_rows, carried_format
-from kbpc.ir.plan import Buffer, Plan
+from kbpc.ir.plan import Buffer, FusionRecord, Plan
 from kbpc.ir.state import state_buffers
 from kbpc.passes.ordering import HappensBefore
 
@@ -41,13 +41,76 @@ def plan_memory(plan: Plan) -> Plan:
         last[name] = max(last[name], reader)
     buffers = [Buffer(name=n, format=f, elements=e, nbytes=b, producer_group=g,
                       first_use=first[n], last_use=last[n]) for n, (f, e, b, g) in info.items()]
-    placed, arena = _allocate(plan, buffers) if plan.options.arena_reuse else _no_reuse(buffers)
+    if plan.options.arena_reuse:
+        aliases = in_place_concats(plan, buffers)
+        placed, arena = _allocate(plan, _regions(buffers, aliases), aliases)
+        placed += _place_aliases(buffers, aliases, {b.name: b.offset for b in placed})
+    else:
+        aliases, (placed, arena) = {}, _no_reuse(buffers)
     return dataclasses.replace(plan, buffers=tuple(sorted(placed, key=lambda b: (b.first_use, b.name))),
-                               arena_bytes=arena, state=tuple(state_buffers(plan.blueprint, plan.options)))
+                               arena_bytes=arena, state=tuple(state_buffers(plan.blueprint, plan.options)),
+                               fusions=plan.fusions + _alias_records(plan, aliases))
 
 
-def buffer_users(plan: Plan) -> dict[str, set[int]]:
-    """Buffer name -> groups that touch it (producer and readers; HOST for a host reader)."""
+def in_place_concats(plan: Plan, buffers: list[Buffer]) -> dict[str, tuple[str, int]]:
+    """Concat inputs that can be written in place: input buffer -> (the concat's output buffer,
+    byte offset in it). A concat group (one concat node) qualifies when its output and inputs are
+    one-row buffers of one format, every input is read by the concat alone, all come from one
+    producer group, and each lands at a 256-byte aligned offset (the arena's alignment). The
+    producer then writes the concatenated row directly and the concat copies nothing (its lowering
+    emits no launch); the output buffer lives from that producer on."""
+    bp, grouping = plan.blueprint, plan.grouping
+    by_name = {b.name: b for b in buffers}
+    readers: dict[str, set[int]] = defaultdict(set)
+    for t in grouping.crossing_edges():
+        readers[buffer_name(bp, t)].add(grouping.group_of(t.dst))
+    aliases: dict[str, tuple[str, int]] = {}
+    for g in plan.groups:
+        nodes = grouping.nodes(g.id)
+        if len(nodes) != 1 or nodes[0].op != "concat":
+            continue
+        ins, outs = bp.inputs(nodes[0].order), bp.outputs(nodes[0].order)
+        out = by_name.get(buffer_name(bp, outs[0])) if len(outs) == 1 else None
+        parts = [by_name.get(buffer_name(bp, t)) for t in ins]
+        if out is None or not parts or any(p is None for p in parts):
+            continue
+        one_row = all(b.elements == t.dim_value for b, t in zip((out, *parts), (outs[0], *ins)))
+        same = all(p.format == out.format for p in parts) and len({p.producer_group for p in parts}) == 1
+        only_concat = all(readers[p.name] == {g.id} for p in parts)
+        offsets = [sum(p.nbytes for p in parts[:i]) for i in range(len(parts))]
+        if (one_row and same and only_concat and sum(p.nbytes for p in parts) == out.nbytes
+                and all(o % ALIGN == 0 for o in offsets)):
+            aliases.update({p.name: (out.name, o) for p, o in zip(parts, offsets)})
+    return aliases
+
+
+def _regions(buffers: list[Buffer], aliases: dict[str, tuple[str, int]]) -> list[Buffer]:
+    """The buffers to allocate: a concat output written in place becomes one region that its
+    inputs' producer starts; the inputs are placed inside it afterwards."""
+    by_name = {b.name: b for b in buffers}
+    start = {region: by_name[name] for name, (region, _) in aliases.items()}
+    return [dataclasses.replace(b, producer_group=start[b.name].producer_group, first_use=start[b.name].first_use)
+            if b.name in start else b for b in buffers if b.name not in aliases]
+
+
+def _place_aliases(buffers: list[Buffer], aliases: dict[str, tuple[str, int]],
+                   offsets: dict[str, int]) -> list[Buffer]:
+    return [dataclasses.replace(b, offset=offsets[aliases[b.name][0]] + aliases[b.name][1],
+                                alias_of=aliases[b.name][0]) for b in buffers if b.name in aliases]
+
+
+def _alias_records(plan: Plan, aliases: dict[str, tuple[str, int]]) -> tuple[FusionRecord, ...]:
+    """One report line per concat written in place (its group keeps no launch)."""
+    concat_of = {buffer_name(plan.blueprint, t): plan.grouping.group_of(t.dst) for t in plan.grouping.crossing_edges()}
+    groups = sorted({concat_of[name] for name in aliases})
+    why = "the concat's inputs are written in place by their producer: the copy and its launch disappear"
+    return tuple(FusionRecord("concat_in_place", (g,), True, why) for g in groups)
+
+
+def buffer_users(plan: Plan, aliases: dict[str, tuple[str, int]] | None = None) -> dict[str, set[int]]:
+    """Buffer name -> groups that touch it (producer and readers; HOST for a host reader). A concat
+    input written in place and the output it lies in are one region: each has the region's users.
+    `aliases` (input -> (output, offset)) defaults to the plan's placed buffers' alias_of."""
     grouping = plan.grouping
     scheduled = {s.group for s in plan.schedule}
     users: dict[str, set[int]] = defaultdict(set)
@@ -56,6 +119,12 @@ def buffer_users(plan: Plan) -> dict[str, set[int]]:
         if src not in scheduled:
             continue
         users[buffer_name(plan.blueprint, t)] |= {src, dst if dst in scheduled else HOST}
+    if aliases is None:
+        aliases = {b.name: (b.alias_of, 0) for b in plan.buffers if b.alias_of}
+    for name, (region, _) in aliases.items():
+        users[region] |= users[name]
+    for name, (region, _) in aliases.items():
+        users[name] = users[region]
     return users
 
 
@@ -64,13 +133,13 @@ def ordered(hb: HappensBefore, users: set[int], producer: int) -> bool:
     return HOST not in users and all(hb.before(u, producer) for u in users)
 
 
-def _allocate(plan: Plan, buffers: list[Buffer]) -> tuple[list[Buffer], int]:
+def _allocate(plan: Plan, buffers: list[Buffer], aliases: dict[str, tuple[str, int]]) -> tuple[list[Buffer], int]:
     """Greedy by size (largest first), first fit among offsets of the buffers that may be live at
     the same time as this one. A buffer's users occupy, per stream, positions up to need[s]; a
     producer runs after all of them if its vector clock covers need on every stream (vectorised
     over the placed buffers: the seed has ~1,300)."""
     hb = HappensBefore(plan.schedule)
-    users = buffer_users(plan)
+    users = buffer_users(plan, aliases)
     streams = max((s.stream for s in plan.schedule), default=0) + 1
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.first_use, b.name))
     n = len(order)

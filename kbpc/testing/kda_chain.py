@@ -156,7 +156,8 @@ def product_chain(path: str) -> ProductChain:
     from kbpc.codegen.families import lower_group  # noqa: PLC0415
     from kbpc.testing.lowering import planned  # noqa: PLC0415
 
-    plan, fused_plan = planned(path)[0], planned(path, fuse=True)[0]
+    # every buffer its own bytes: the unfused chain keeps its pack copy (no concat written in place)
+    plan, fused_plan = planned(path, arena_reuse=False)[0], planned(path, fuse=True, arena_reuse=False)[0]
     bp = plan.blueprint
     first = min((g for g in plan.groups if g.family == "kda_recurrent"), key=lambda g: g.id)
     block = bp.node_by_id[first.nodes[0]].block

@@ -54,6 +54,8 @@ def test_pdl_marks_launches_after_a_kernel_on_their_stream(tiny_steps):
             assert launch.pdl == want, (g.group, i)
             marked += want
             seen.add(g.stream)
+        if not g.launches and g.waits:
+            seen.discard(g.stream)
     assert 0 < marked < sum(len(g.launches) for g in on.groups)
 
 
@@ -64,3 +66,20 @@ def test_step_program_renders_the_pdl_flag(tiny_path, tiny_steps):
         for launch in g.launches:
             assert launch_call(launch, f"streams[{g.stream}]") in text
     assert ", 1, ((" in text and ", 0, ((" in text
+
+
+def test_a_group_without_launches_still_costs_the_next_launch_its_pdl(tiny_steps):
+    """A launchless group that waits for an event (a concat written in place) orders its stream
+    after that event: the next launch on the stream must not be marked for PDL."""
+    import dataclasses
+
+    from kbpc.codegen.launch_passes import mark_pdl
+
+    step = tiny_steps[False]
+    groups = list(step.groups)
+    i = next(k for k in range(1, len(groups)) if groups[k].launches and groups[k - 1].stream == groups[k].stream
+             and not groups[k].waits and groups[k - 1].launches)
+    empty = dataclasses.replace(groups[i - 1], launches=(), waits=(0,))
+    trial = dataclasses.replace(step, groups=tuple(groups[:i - 1]) + (groups[i - 1], empty) + tuple(groups[i:]))
+    marked = mark_pdl(trial, Options(pdl=True))
+    assert not marked.groups[i + 1].launches[0].pdl

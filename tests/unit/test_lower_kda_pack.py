@@ -12,7 +12,14 @@ BF = "__nv_bfloat16"
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
-    return planned(str(tiny_path))
+    """Every buffer its own bytes: the pack's inputs are not written in place, so it copies."""
+    return planned(str(tiny_path), arena_reuse=False)
+
+
+def test_a_pack_written_in_place_launches_nothing(tiny_path):
+    plan, ctx = planned(str(tiny_path))
+    groups = family_groups(plan, "kda_pack")
+    assert groups and all(kda_pack.lower(ctx, g) == [] for g in groups)
 
 
 def test_copy_unit_and_blocks():

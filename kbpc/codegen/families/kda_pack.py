@@ -1,5 +1,7 @@
 """kda_pack: the KDA q|k|v pack (kernels/kda_pack.cuh), a bit-exact copy of three BF16 rows into
-one [q | k | v] row (the layout the conv reads)."""
+one [q | k | v] row (the layout the conv reads). When memory planning placed q, k and v inside the
+packed row (kbpc.passes.plan_memory.in_place_concats: their producer writes the row directly),
+the copy is the identity and no kernel is launched."""
 from __future__ import annotations
 
 from kbpc.codegen.args import lit
@@ -33,6 +35,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         nq, nk, nv = (t.dim_value for t in ins)
         if out.dim_value != nq + nk + nv:
             raise LoweringError(f"packed width {out.dim_value} != {nq}+{nk}+{nv}", f"node {node.id}")
+        if ctx.in_place(ins, out):
+            continue
         rows = ctx.rows(out)
         inst = KernelInstance("kda_pack", "kda_pack.cuh", f"kbp::kda_pack_qkv_bf16<{nq}, {nk}, {nv}, {THREADS}>",
                               (f"const {BF}*", f"const {BF}*", f"const {BF}*", "int", "int", "int", f"{BF}*", "int"))
