@@ -28,7 +28,7 @@ def kernel_records(trace: dict) -> list[KernelRecord]:
     """The kernel events of an exported Chrome trace (Kineto's format)."""
     out = []
     for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") != "kernel":
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
             continue
         args = e.get("args", {})
         grid, block = args.get("grid"), args.get("block")
