@@ -187,6 +187,14 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
                    "cache holds FP32 rows). Compares kbpc with implementations that do not quantize "
                    "activations; recorded in the manifest, and `verify --numerics` holds it to the fast "
                    "criterion against the reference's unquantized variant.")
+@click.option("--pdl-across-events", is_flag=True,
+              help="Experimental: also launch with PDL the first kernel after a cross-stream event wait. "
+                   "CUDA's documentation does not say how graph capture annotates the edge from the event's "
+                   "kernel; every kernel waits in griddepcontrol.wait before reading, so it is correct either "
+                   "way, but the speed is unmeasured (tests/gpu/test_gpu_pdl_events.py checks the values).")
+@click.option("--max-streams", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Most parallel streams the scheduler may use for independent groups (1: one stream, "
+                   "no events).")
 @click.option("--key", "key_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Private key file to sign with (default: $KBPC_SIGNING_KEY, else the local default "
                    "key, created on first use only at a terminal; in CI pass --key or set the variable).")
@@ -208,7 +216,7 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @reports_errors
 def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context: int, numerics: str,
                 index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], add_fusions: tuple[str, ...], pdl: bool,
-                no_act_quant: bool, key_path: Path | None,
+                no_act_quant: bool, pdl_across_events: bool, max_streams: int, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
             verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
@@ -228,6 +236,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
     request = CompileRequest(blueprint=blueprint, output=output,
                              options=Options(target=target, tp=tp, max_context=max_context,
                                              arena_reuse=not debug_arena, numerics=numerics, fuse=fuse, pdl=pdl,
+                                             pdl_across_events=pdl_across_events, max_streams=max_streams,
                                              skip_fusions=tuple(sorted(set(skip_fusions))),
                                              add_fusions=tuple(sorted(set(add_fusions))),
                                              index_cache=index_cache, act_quant=not no_act_quant),

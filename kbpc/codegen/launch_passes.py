@@ -17,10 +17,14 @@ LaunchPass = Callable[[StepProgram, Options], StepProgram]
 def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
     """Programmatic dependent launch: every launch whose stream predecessor is a kernel of this step
     (no event wait between them) is issued with the PDL attribute, so it starts while that kernel
-    drains and waits for it in kbp::pdl_wait(). The first launch on each stream and any launch after
-    a cross-stream event wait keep a full dependency (the graph edge from an event is not
-    programmatic), and so does a launch after a collective (an NCCL kernel triggers no dependent
-    launch). With options.pdl off, no launch is marked."""
+    drains and waits for it in kbp::pdl_wait(). The first launch on each stream keeps a full
+    dependency, and so does a launch after a collective (an NCCL kernel triggers no dependent
+    launch). A launch after a cross-stream event wait keeps one too unless
+    options.pdl_across_events (experimental): CUDA documents the attribute as resolving the
+    dependency on the previous kernel *in the stream* and leaves unsaid how capture annotates the
+    edge from the event's kernel; either way every kernel calls pdl_wait(), which waits for all of
+    its prerequisite grids (tests/gpu/test_gpu_pdl_events.py). With options.pdl off, no launch is
+    marked."""
     if not options.pdl:
         return step
     seen_stream: set[int] = set()
@@ -32,7 +36,8 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
                 seen_stream.discard(g.stream)
                 launches.append(launch)
                 continue
-            after_kernel = g.stream in seen_stream and not (i == 0 and g.waits)
+            after_event = i == 0 and bool(g.waits)
+            after_kernel = g.stream in seen_stream and (options.pdl_across_events or not after_event)
             launches.append(dataclasses.replace(launch, pdl=after_kernel))
             seen_stream.add(g.stream)
         if not g.launches and g.waits:   # a group with nothing to launch (a concat written in place)

@@ -32,6 +32,7 @@ class Options:
     arena_reuse: bool = True          # False: every buffer its own bytes (debugging intermediates)
     numerics: str = "fast"            # exact: bit-exact vs the reference; fast: stated bounds (DESIGN)
     pdl: bool = True                  # programmatic dependent launch between a stream's kernels
+    pdl_across_events: bool = False   # experimental: PDL also for a launch after a cross-stream event wait
     fuse: bool = True                 # merge groups across the blueprint's boundaries (fuse_groups)
     skip_fusions: tuple[str, ...] = ()   # fusion rules not to apply (kbpc/passes/fusion_rules.py names)
     add_fusions: tuple[str, ...] = ()    # opt-in fusion rules to apply as well
@@ -50,6 +51,8 @@ class Options:
                             "--index-cache")
         if self.batch != 1:
             raise KbpcError(f"batch {self.batch}: only batch-1 decode is lowered", "--batch")
+        if self.max_streams < 1:
+            raise KbpcError(f"max streams must be >= 1, got {self.max_streams}", "--max-streams")
         if self.tp < 1:
             raise KbpcError(f"tensor-parallel size must be >= 1, got {self.tp}", "--tp")
         if not self.act_quant and self.tp > 1:

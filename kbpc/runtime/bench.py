@@ -38,6 +38,18 @@ def fill_history(backend: CudaBackend, seed: int = 7) -> None:
             raise DeviceError(f"filling {spec['name']} with synthetic history failed (CUDA error {err})")
 
 
+def timed_steps(backend: CudaBackend, warmup: int, runs: int) -> list[float]:
+    """Seconds of each of `runs` steps (graph replays) after `warmup` untimed ones."""
+    for _ in range(warmup):
+        backend.step(1)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        backend.step(1)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,
             weights: str = "synthetic:0", bandwidth: float | None = None) -> Measurement:
     """`bandwidth` (bytes/s) is the yardstick of the floors; None measures the GPU's copy bandwidth."""
@@ -51,13 +63,7 @@ def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int
         fill_history(backend)
         backend.position = min(context, backend.max_context - warmup - runs - 2)
         start = backend.position
-        for _ in range(warmup):
-            backend.step(1)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            backend.step(1)
-            times.append(time.perf_counter() - t0)
+        times = timed_steps(backend, warmup, runs)
         group_ms = backend.profile_step(1)
         device = local_device(backend.cuda).describe()
     finally:

@@ -45,9 +45,14 @@ class LaunchError(RuntimeError):
     pass
 
 
+def render_launcher(inst: KernelInstance) -> str:
+    """The instance's TU exactly as the product renders it (its typed host launcher)."""
+    return _env().get_template("kernel_instance.cu.j2").render(inst=inst)
+
+
 def render_instance(inst: KernelInstance) -> str:
     """The instance's TU exactly as the product renders it, plus the test shim."""
-    tu = _env().get_template("kernel_instance.cu.j2").render(inst=inst)
+    tu = render_launcher(inst)
     sizes = ", ".join(f"sizeof({p})" for p in inst.params) or "0"
     args = "".join(f", *({p}*)a[{i}]" for i, p in enumerate(inst.params))
     return tu + SHIM.format(sizes=sizes, name=inst.name, args=args)

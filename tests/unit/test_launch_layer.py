@@ -1,6 +1,7 @@
 """The typed launch layer: arguments render to the step program's expressions in one place, launch
 passes rewrite the step program, and the PDL pass marks exactly the launches that follow a kernel
-on their own stream with no event wait in between."""
+on their own stream with no event wait in between (and, with the experimental
+pdl_across_events, after one too)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,10 @@ import pytest
 from kbpc.codegen.args import (NULL, Aggregate, ArenaPtr, FloatLit, StatePtr, StepInput, WeightPtr,
                                WeightScalar, arena_buffers, lit)
 from kbpc.codegen.emit import build_step, generate
+from kbpc.codegen.launch_passes import mark_pdl
+from kbpc.codegen.records import Collective, GroupCode, KernelInstance, Launch, StepProgram
 from kbpc.codegen.render_args import launch_call, render_arg
+from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
@@ -83,3 +87,59 @@ def test_a_group_without_launches_still_costs_the_next_launch_its_pdl(tiny_steps
     trial = dataclasses.replace(step, groups=tuple(groups[:i - 1]) + (groups[i - 1], empty) + tuple(groups[i:]))
     marked = mark_pdl(trial, Options(pdl=True))
     assert not marked.groups[i + 1].launches[0].pdl
+
+
+def _step(groups: tuple) -> StepProgram:
+    return StepProgram(blueprint_id="t", plan_digest="d", command="c", target="sm_90", streams=2, events=2,
+                       arena_bytes=0, vocab=1, logits_buffer=ArenaPtr("logits", 0), logits_bytes=2,
+                       groups=groups, weights=(), state=(), headers=(), instances=(_INST,))
+
+
+_INST = KernelInstance(family="f", header="f.cuh", kernel="kbp::k<1>", params=())
+
+
+def _group(gid: int, stream: int, waits: tuple[int, ...], *kinds: str) -> GroupCode:
+    launches = tuple(Collective("all_gather", 0, 8, 2, gid, ("n",), "b") if k == "collective" else
+                     Launch(_INST, (1, 1, 1), (32, 1, 1), 0, (), gid, ("n",)) for k in kinds)
+    return GroupCode(gid, "r", "f", stream, waits, None, ("n",), launches)
+
+
+# (group, stream, waits, launches) -> PDL flags by default and with pdl_across_events.
+_PDL_CASES = (
+    (_group(0, 0, (), "k", "k"), (False, True), (False, True)),       # first on stream 0, then its successor
+    (_group(1, 1, (0,), "k"), (False,), (False,)),                    # first on stream 1: no kernel before it
+    (_group(2, 0, (), "k"), (True,), (True,)),
+    (_group(3, 0, (1,), "k", "k"), (False, True), (True, True)),      # after an event wait: the option's case
+    (_group(4, 1, (), "collective", "k"), (None, False), (None, False)),   # after a collective: never
+    (_group(5, 1, (0,), "k"), (False,), (True,)),
+)
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_mark_pdl_with_and_without_event_waits(across):
+    step = mark_pdl(_step(tuple(c[0] for c in _PDL_CASES)), Options(pdl_across_events=across))
+    for g, (_, default, with_events) in zip(step.groups, _PDL_CASES):
+        got = tuple(None if isinstance(l, Collective) else l.pdl for l in g.launches)
+        assert got == (with_events if across else default), g.group
+    off = mark_pdl(_step(tuple(c[0] for c in _PDL_CASES)), Options(pdl=False, pdl_across_events=across))
+    assert not any(getattr(l, "pdl", False) for g in off.groups for l in g.launches)
+
+
+def test_pdl_across_events_marks_the_launches_after_event_waits(tiny_path, tiny_steps):
+    across = build_step(run_pipeline(load_blueprint(Path(tiny_path)), Options(pdl_across_events=True)), "x")
+    default = tiny_steps[True]
+    added = [(g.group, i) for g, d in zip(across.groups, default.groups)
+             for i, (a, b) in enumerate(zip(g.launches, d.launches)) if a.pdl != b.pdl]
+    assert added, "the tiny example has launches after event waits on streams with kernels"
+    for gid, i in added:
+        g = next(x for x in across.groups if x.group == gid)
+        assert i == 0 and g.waits and g.launches[0].pdl
+
+
+def test_max_streams_bounds_the_schedule(tiny_path):
+    bp = load_blueprint(Path(tiny_path))
+    one = run_pipeline(bp, Options(max_streams=1))
+    assert one.streams == 1 and not any(s.waits for s in one.schedule)
+    assert run_pipeline(bp, Options(max_streams=2)).streams <= 2
+    with pytest.raises(KbpcError, match="max streams"):
+        Options(max_streams=0)
