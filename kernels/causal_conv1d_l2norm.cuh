@@ -49,7 +49,7 @@ __device__ __forceinline__ void conv_store(float* p, float v) { *p = v; }
 
 // A channel's stored window s_1..s_W (oldest first), read into registers.
 template <int W>
-__device__ __forceinline__ void conv_window_load(const float* __restrict__ s, float (&old)[W]) {
+__device__ __forceinline__ void conv_window_load(const float* s, float (&old)[W]) {
     if constexpr (W == 4) {
         const float4 w4 = *reinterpret_cast<const float4*>(s);
         old[0] = w4.x; old[1] = w4.y; old[2] = w4.z; old[3] = w4.w;
@@ -68,7 +68,7 @@ __device__ __forceinline__ void conv_window_shift(const float (&old)[W], float x
 }
 
 template <int W>
-__device__ __forceinline__ void conv_window_store(float* __restrict__ s, const float (&win)[W]) {
+__device__ __forceinline__ void conv_window_store(float* s, const float (&win)[W]) {
     if constexpr (W == 4) {
         *reinterpret_cast<float4*>(s) = make_float4(win[0], win[1], win[2], win[3]);
     } else {
@@ -88,20 +88,20 @@ __device__ __forceinline__ float conv_window_dot(float acc0, const float (&win)[
 }
 
 template <int W>
-__device__ __forceinline__ void conv_taps_load(const __nv_bfloat16* __restrict__ tap, __nv_bfloat16 (&t)[W]) {
+__device__ __forceinline__ void conv_taps_load(const __nv_bfloat16* tap, __nv_bfloat16 (&t)[W]) {
 #pragma unroll
     for (int i = 0; i < W; ++i) t[i] = tap[i];
 }
 
-__device__ __forceinline__ float conv_bias_value(const __nv_bfloat16* __restrict__ bias, int c) {
+__device__ __forceinline__ float conv_bias_value(const __nv_bfloat16* bias, int c) {
     return bias != nullptr ? bf16_to_f32(bias[c]) : 0.0f;
 }
 
 // Shift channel c's window by one token (appending x), return bias + taps . window in FP32.
 template <int W>
-__device__ __forceinline__ float conv_window_step(float* __restrict__ s, float x_new,
-                                                  const __nv_bfloat16* __restrict__ tap,
-                                                  const __nv_bfloat16* __restrict__ bias, int c) {
+__device__ __forceinline__ float conv_window_step(float* s, float x_new,
+                                                  const __nv_bfloat16* tap,
+                                                  const __nv_bfloat16* bias, int c) {
     float old[W], win[W];
     __nv_bfloat16 t[W];
     conv_window_load<W>(s, old);
@@ -113,11 +113,11 @@ __device__ __forceinline__ float conv_window_step(float* __restrict__ s, float x
 
 template <int C, int C_QK, int DK, int W, int THREADS, typename OutT>
 __device__ __forceinline__ void
-causal_conv1d_update_l2norm_dev(const __nv_bfloat16* __restrict__ x, int x_stride,
-                                float* __restrict__ window, long window_stride,
-                                const __nv_bfloat16* __restrict__ taps,
-                                const __nv_bfloat16* __restrict__ bias, float eps,
-                                OutT* __restrict__ out, int out_stride) {
+causal_conv1d_update_l2norm_dev(const __nv_bfloat16* x, int x_stride,
+                                float* window, long window_stride,
+                                const __nv_bfloat16* taps,
+                                const __nv_bfloat16* bias, float eps,
+                                OutT* out, int out_stride) {
     static_assert(DK % 32 == 0 && THREADS % DK == 0, "heads must be whole warps inside one block");
     static_assert(C_QK % DK == 0 && C_QK <= C && W >= 1, "q/k channels are whole heads");
     constexpr int WARPS_PER_HEAD = DK / 32;
@@ -150,11 +150,11 @@ causal_conv1d_update_l2norm_dev(const __nv_bfloat16* __restrict__ x, int x_strid
 
 template <int C, int C_QK, int DK, int W, int THREADS, typename OutT>
 __global__ void __launch_bounds__(THREADS)
-causal_conv1d_update_l2norm(const __nv_bfloat16* __restrict__ x, int x_stride,
-                            float* __restrict__ window, long window_stride,
-                            const __nv_bfloat16* __restrict__ taps,
-                            const __nv_bfloat16* __restrict__ bias, float eps,
-                            OutT* __restrict__ out, int out_stride) {
+causal_conv1d_update_l2norm(const __nv_bfloat16* x, int x_stride,
+                            float* window, long window_stride,
+                            const __nv_bfloat16* taps,
+                            const __nv_bfloat16* bias, float eps,
+                            OutT* out, int out_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, OutT>(x, x_stride, window,
         window_stride, taps, bias, eps, out, out_stride);

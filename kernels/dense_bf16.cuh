@@ -44,8 +44,8 @@ __device__ __forceinline__ float dense_dot8(uint4 w, uint4 x, float acc) {
 
 // Thread l's partial for one output row: vectors v = l, l+64, ... < K/8, batched loads.
 template <int K>
-__device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wrow,
-                                                   const uint4* __restrict__ xv, int l) {
+__device__ __forceinline__ float dense_row_partial(const uint4* wrow,
+                                                   const uint4* xv, int l) {
     constexpr int NV = K / 8;
     constexpr int PER = (NV + 63) / 64;  // vectors per thread (the last may be partial)
     float acc = 0.0f;
@@ -61,7 +61,7 @@ __device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wro
 #pragma unroll
         for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
             int v = l + 64 * (b0 + j);
-            if (b0 + j < PER && v < NV) acc = dense_dot8(w[j], __ldg(xv + v), acc);
+            if (b0 + j < PER && v < NV) acc = dense_dot8(w[j], ld_step(xv + v), acc);
         }
     }
     return acc;
@@ -69,9 +69,9 @@ __device__ __forceinline__ float dense_row_partial(const uint4* __restrict__ wro
 
 // Outputs OPC*block .. OPC*block+OPC-1 (those below N) with 64*OPC threads; every thread must call it.
 template <int K, typename OutT, int OPC = 4>
-__device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* __restrict__ W,
-                                                      const __nv_bfloat16* __restrict__ x,
-                                                      OutT* __restrict__ y, int N, int block) {
+__device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* W,
+                                                      const __nv_bfloat16* x,
+                                                      OutT* y, int N, int block) {
     static_assert(K % 8 == 0, "dense_gemv_bf16 walks K in 8-element vectors");
     static_assert(OPC == 1 || OPC == 2 || OPC == 4, "outputs per CTA");
     __shared__ float part[OPC];
@@ -88,16 +88,16 @@ __device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* __res
 }
 
 template <int K, typename OutT, int OPC = 4>
-__device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* __restrict__ W,
-                                                       const __nv_bfloat16* __restrict__ x,
-                                                       OutT* __restrict__ y, int N) {
+__device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* W,
+                                                       const __nv_bfloat16* x,
+                                                       OutT* y, int N) {
     dense_gemv_bf16_block<K, OutT, OPC>(W, x, y, N, blockIdx.x);
 }
 
 template <int K, typename OutT>
-__global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* __restrict__ W,
-                                                       const __nv_bfloat16* __restrict__ x,
-                                                       OutT* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* W,
+                                                       const __nv_bfloat16* x,
+                                                       OutT* y, int N) {
     // PDL: dense_row_partial waits once its first weight batch is in flight
     dense_gemv_bf16_dev<K, OutT>(W, x, y, N);
 }
@@ -105,9 +105,9 @@ __global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* __re
 // The same kernel with OPC outputs (64 * OPC threads) per CTA: N / OPC CTAs spread a small N over
 // more SMs; every output's 64 threads and operation order are unchanged, so are the bits.
 template <int K, typename OutT, int OPC>
-__global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_opc(const __nv_bfloat16* __restrict__ W,
-                                                                const __nv_bfloat16* __restrict__ x,
-                                                                OutT* __restrict__ y, int N) {
+__global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_opc(const __nv_bfloat16* W,
+                                                                const __nv_bfloat16* x,
+                                                                OutT* y, int N) {
     dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
 }
 

@@ -41,9 +41,9 @@ __device__ __forceinline__ void dq_store<__nv_bfloat16>(__nv_bfloat16* y, float 
 
 template <typename OUT>
 __global__ void __launch_bounds__(DQ_WARPS * 32) dq_gemv_nvfp4(
-    const __nv_bfloat16* __restrict__ x, const int* __restrict__ ids, int act_div,
-    const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-    const float* __restrict__ scale2s, float scale2, OUT* __restrict__ y, int n_out, int k) {
+    const __nv_bfloat16* x, const int* ids, int act_div,
+    const uint8_t* codes, const uint8_t* scales,
+    const float* scale2s, float scale2, OUT* y, int n_out, int k) {
     ::kbp::pdl_wait();   // PDL: x and the slot ids come from earlier kernels
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * DQ_WARPS + (threadIdx.x >> 5), slot = blockIdx.y;
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(DQ_WARPS * 32) dq_gemv_nvfp4(
 
 template <typename OUT>
 __global__ void __launch_bounds__(DQ_WARPS * 32) dq_gemv_fp8(
-    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ codes,
-    const float* __restrict__ scales, OUT* __restrict__ y, int n_out, int k) {
+    const __nv_bfloat16* x, const uint8_t* codes,
+    const float* scales, OUT* y, int n_out, int k) {
     ::kbp::pdl_wait();   // PDL: x comes from an earlier kernel
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * DQ_WARPS + (threadIdx.x >> 5), row = blockIdx.y;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(DQ_WARPS * 32) dq_gemv_fp8(
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256) dq_row_copy(const T* __restrict__ x, T* __restrict__ y, int count) {
+__global__ void __launch_bounds__(256) dq_row_copy(const T* x, T* y, int count) {
     ::kbp::pdl_wait();   // PDL: x comes from an earlier kernel
     const int i = blockIdx.x * 256 + threadIdx.x;
     if (i < count) y[i] = x[i];

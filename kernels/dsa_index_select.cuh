@@ -140,7 +140,7 @@ __device__ unsigned long long dsa_radix_select(Each each, unsigned long long pre
 // with 16 loads per thread in flight (a single CTA scans up to 131072 pools). scores is 16-byte
 // aligned (a state buffer).
 template <typename Fn>
-__device__ __forceinline__ void dsa_for_each_score(const float* __restrict__ scores, int n, Fn fn) {
+__device__ __forceinline__ void dsa_for_each_score(const float* scores, int n, Fn fn) {
     constexpr int U = 4;   // float4 loads per thread per batch
     const int tid = threadIdx.x, nt = blockDim.x, n4 = n / 4;
     const float4* s4 = reinterpret_cast<const float4*>(scores);
@@ -224,10 +224,10 @@ __device__ __forceinline__ void dsa_e4m3_lane_codes(const uint8_t* src, float (&
 
 template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
 __device__ __forceinline__ void dsa_index_select_body(
-    const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
-    const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
-    const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores,
-    uint32_t* __restrict__ ghist, uint32_t* __restrict__ arrive, int32_t* __restrict__ sel_tokens) {
+    const float* q, const float* raw_w, const float* pool_keys,
+    const uint8_t* pool_codes, const float* pool_scales,
+    const int32_t* seq_len, const int32_t* tau, float* scores,
+    uint32_t* ghist, uint32_t* arrive, int32_t* sel_tokens) {
     constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, J = D / 32, BINS = 1 << BITS;
     constexpr int HW = dsa_heads_per_warp(H), RP = 32 / HW, NHG = (H + HW - 1) / HW;
     constexpr int NPS = DSA_SELECT_WARPS / NHG, NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
@@ -416,10 +416,10 @@ __device__ __forceinline__ void dsa_index_select_body(
 
 template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
 __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
-    const float* __restrict__ q, const float* __restrict__ raw_w, const float* __restrict__ pool_keys,
-    const uint8_t* __restrict__ pool_codes, const float* __restrict__ pool_scales,
-    const int32_t* __restrict__ seq_len, const int32_t* __restrict__ tau, float* __restrict__ scores,
-    uint32_t* __restrict__ hist, uint32_t* __restrict__ arrive, int32_t* __restrict__ sel_tokens) {
+    const float* q, const float* raw_w, const float* pool_keys,
+    const uint8_t* pool_codes, const float* pool_scales,
+    const int32_t* seq_len, const int32_t* tau, float* scores,
+    uint32_t* hist, uint32_t* arrive, int32_t* sel_tokens) {
     dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
                                                            tau, scores, hist, arrive, sel_tokens);
 }

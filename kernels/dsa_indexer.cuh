@@ -55,8 +55,8 @@ namespace kbp {
 
 // y = FWHT_D over the block (thread c holds y_c), then the E4M3 codes and the scale of pool p.
 template <int D>
-__device__ __forceinline__ void dsa_store_pool_fp8(float y, int p, uint8_t* __restrict__ pool_codes,
-                                                   float* __restrict__ pool_scales) {
+__device__ __forceinline__ void dsa_store_pool_fp8(float y, int p, uint8_t* pool_codes,
+                                                   float* pool_scales) {
     static_assert(D >= 32 && (D & (D - 1)) == 0, "the rotation needs a power-of-two width");
     __shared__ float xchg[D];
     __shared__ float wmax[D / 32];
@@ -87,10 +87,10 @@ __device__ __forceinline__ void dsa_store_pool_fp8(float y, int p, uint8_t* __re
 
 template <int D, int KP, bool FP8>
 __device__ __forceinline__ void dsa_indexer_store_body(
-    const __nv_bfloat16* __restrict__ key, const __nv_bfloat16* __restrict__ gate,
-    const float* __restrict__ slot_term, __nv_bfloat16* __restrict__ kg_keys,
-    __nv_bfloat16* __restrict__ kg_gates, int rows, float* __restrict__ pool_keys,
-    uint8_t* __restrict__ pool_codes, float* __restrict__ pool_scales, const int32_t* __restrict__ tau_ptr) {
+    const __nv_bfloat16* key, const __nv_bfloat16* gate,
+    const float* slot_term, __nv_bfloat16* kg_keys,
+    __nv_bfloat16* kg_gates, int rows, float* pool_keys,
+    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
     static_assert(D <= 1024 && D % 32 == 0 && KP >= 1, "one thread per channel, whole warps");
     const int c = threadIdx.x;
     const int t = tau_ptr[0];
@@ -132,10 +132,10 @@ __device__ __forceinline__ void dsa_indexer_store_body(
 
 template <int D, int KP, bool FP8>
 __global__ void __launch_bounds__(D) dsa_indexer_store(
-    const __nv_bfloat16* __restrict__ key, const __nv_bfloat16* __restrict__ gate,
-    const float* __restrict__ slot_term, __nv_bfloat16* __restrict__ kg_keys,
-    __nv_bfloat16* __restrict__ kg_gates, int rows, float* __restrict__ pool_keys,
-    uint8_t* __restrict__ pool_codes, float* __restrict__ pool_scales, const int32_t* __restrict__ tau_ptr) {
+    const __nv_bfloat16* key, const __nv_bfloat16* gate,
+    const float* slot_term, __nv_bfloat16* kg_keys,
+    __nv_bfloat16* kg_gates, int rows, float* pool_keys,
+    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_indexer_store_body<D, KP, FP8>(key, gate, slot_term, kg_keys, kg_gates, rows, pool_keys, pool_codes,
                                        pool_scales, tau_ptr);

@@ -106,7 +106,7 @@ __device__ __forceinline__ float dsa_pool_scale(float max_abs) {
 // then -1, over the whole width (TOPK_POOLS + 1) * KP. Called by every thread of a block.
 template <int KP, int TOPK_POOLS, typename PoolAt>
 __device__ __forceinline__ void dsa_expand(PoolAt pool_at, int k, int seq_len, int tau,
-                                           int32_t* __restrict__ sel_tokens) {
+                                           int32_t* sel_tokens) {
     constexpr int W = (TOPK_POOLS + 1) * KP;
     const int n_vis = min(seq_len, tau + 1);
     const int tail_start = (n_vis / KP) * KP, tail = n_vis % KP;

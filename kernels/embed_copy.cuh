@@ -22,8 +22,8 @@ template <int VEC>
 struct alignas(2 * VEC) EmbedWords { uint16_t v[VEC]; };
 
 template <int D, int VEC>
-__device__ __forceinline__ void embed_copy_body(const int* __restrict__ tokens, const uint16_t* __restrict__ table,
-                                                int vocab, uint16_t* __restrict__ out, int* error_flag) {
+__device__ __forceinline__ void embed_copy_body(const int* tokens, const uint16_t* table,
+                                                int vocab, uint16_t* out, int* error_flag) {
     static_assert(D % VEC == 0 && (VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8), "VEC");
     const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i0 >= D) return;
@@ -41,8 +41,8 @@ __device__ __forceinline__ void embed_copy_body(const int* __restrict__ tokens, 
 }
 
 template <int D, int VEC>
-__global__ void embed_copy(const int* __restrict__ tokens, const uint16_t* __restrict__ table, int vocab,
-                           uint16_t* __restrict__ out, int* error_flag) {
+__global__ void embed_copy(const int* tokens, const uint16_t* table, int vocab,
+                           uint16_t* out, int* error_flag) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     embed_copy_body<D, VEC>(tokens, table, vocab, out, error_flag);
 }

@@ -152,7 +152,7 @@ struct alignas(2 * VEC) BF16Vec { __nv_bfloat16 v[VEC]; };
 // ------------------------------------------------------------------ expand, post, head
 
 template <int N, int D, int VEC>
-__device__ __forceinline__ void hc_expand_body(const __nv_bfloat16* __restrict__ h, float* __restrict__ x) {
+__device__ __forceinline__ void hc_expand_body(const __nv_bfloat16* h, float* x) {
     static_assert(D % VEC == 0, "D must be a multiple of VEC");
     const int k0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (k0 >= D) return;
@@ -168,8 +168,8 @@ __device__ __forceinline__ void hc_expand_body(const __nv_bfloat16* __restrict__
 // Standalone post-mix with the rank sum of the partial outputs in front (x_out may alias x).
 template <int N, int D, int R, int VEC>
 __device__ __forceinline__ void hc_post_body(const float* x, const RankParts<R>& parts,
-                                             const float* __restrict__ post,
-                                             const float* __restrict__ comb, float* x_out) {
+                                             const float* post,
+                                             const float* comb, float* x_out) {
     static_assert(D % VEC == 0, "D must be a multiple of VEC");
     const int k0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (k0 >= D) return;
@@ -197,7 +197,7 @@ __device__ __forceinline__ void hc_post_body(const float* x, const RankParts<R>&
 }
 
 template <int N, int D, int VEC>
-__device__ __forceinline__ void hc_head_body(const float* __restrict__ x, __nv_bfloat16* __restrict__ y) {
+__device__ __forceinline__ void hc_head_body(const float* x, __nv_bfloat16* y) {
     static_assert(D % VEC == 0, "D must be a multiple of VEC");
     const int k0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (k0 >= D) return;
@@ -219,20 +219,20 @@ __device__ __forceinline__ void hc_head_body(const float* __restrict__ x, __nv_b
 
 
 template <int N, int D, int VEC>
-__global__ void hc_expand(const __nv_bfloat16* __restrict__ h, float* __restrict__ x) {
+__global__ void hc_expand(const __nv_bfloat16* h, float* x) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_expand_body<N, D, VEC>(h, x);
 }
 
 template <int N, int D, int R, int VEC>
-__global__ void hc_post(const float* x, const RankParts<R> parts, const float* __restrict__ post,
-                        const float* __restrict__ comb, float* x_out) {
+__global__ void hc_post(const float* x, const RankParts<R> parts, const float* post,
+                        const float* comb, float* x_out) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_post_body<N, D, R, VEC>(x, parts, post, comb, x_out);
 }
 
 template <int N, int D, int VEC>
-__global__ void hc_head(const float* __restrict__ x, __nv_bfloat16* __restrict__ y) {
+__global__ void hc_head(const float* x, __nv_bfloat16* y) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_head_body<N, D, VEC>(x, y);
 }
@@ -273,13 +273,13 @@ template <int N, int D, int SRC, class P>
 __device__ __forceinline__ void stream_column(const P& p, size_t t, int k, const float (&pin)[N],
                                               const float (&cin)[N * N], float (&out)[N]) {
     if constexpr (SRC == kSrcExpand) {
-        const float hv = bf16_to_f32(__ldg(p.h + t * D + k));
+        const float hv = bf16_to_f32(ld_step(p.h + t * D + k));
 #pragma unroll
         for (int i = 0; i < N; ++i) out[i] = hv;
     } else {
         float xc[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
+        for (int i = 0; i < N; ++i) xc[i] = ld_step(p.x + (t * N + i) * D + k);
         if constexpr (SRC == kSrcPost) {
             float u[1];
             branch_u<1>(p.parts, D, t, k, u);
@@ -335,9 +335,9 @@ __device__ void hc_gates_warp(const float* mu, const float* alpha, const float* 
 // Gates + Sinkhorn alone from the mix outputs, for a side stream: the pre-mix then runs with
 // comb == nullptr and its critical path ends at the normed row. grid (m), block 32.
 template <int N>
-__device__ __forceinline__ void hc_gates_body(const float* __restrict__ mix, const float* __restrict__ alpha,
-                                              const float* __restrict__ beta, float eps_hc, int iters,
-                                              float* __restrict__ post, float* __restrict__ comb) {
+__device__ __forceinline__ void hc_gates_body(const float* mix, const float* alpha,
+                                              const float* beta, float eps_hc, int iters,
+                                              float* post, float* comb) {
     constexpr int ROWS = (2 + N) * N;
     __shared__ float mu[ROWS];
     const size_t t = blockIdx.x;
@@ -347,9 +347,9 @@ __device__ __forceinline__ void hc_gates_body(const float* __restrict__ mix, con
 }
 
 template <int N>
-__global__ void __launch_bounds__(32) hc_gates(const float* __restrict__ mix, const float* __restrict__ alpha,
-                                               const float* __restrict__ beta, float eps_hc, int iters,
-                                               float* __restrict__ post, float* __restrict__ comb) {
+__global__ void __launch_bounds__(32) hc_gates(const float* mix, const float* alpha,
+                                               const float* beta, float eps_hc, int iters,
+                                               float* post, float* comb) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_gates_body<N>(mix, alpha, beta, eps_hc, iters, post, comb);
 }
@@ -422,7 +422,7 @@ __device__ __forceinline__ void mix_partials(const PreParams<N, R>& p, size_t t,
 #pragma unroll
         for (int q = 0; q < QD; ++q) {
 #pragma unroll
-            for (int i = 0; i < N; ++i) xr[i * QD + q] = __ldg(p.x + (t * N + i) * D + tid + kTreeThreads * q);
+            for (int i = 0; i < N; ++i) xr[i * QD + q] = ld_step(p.x + (t * N + i) * D + tid + kTreeThreads * q);
         }
         if constexpr (FUSE_POST) {
             float uq[QD];
@@ -485,9 +485,9 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
     for (int i = tid; i < 3 + ROWS; i += kPreThreads) s_ab[i] = i < 3 ? __ldg(p.alpha + i) : __ldg(p.beta + i - 3);
     float pin[N], cin[N * N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) pin[i] = FUSE_POST ? __ldg(p.post_in + t * N + i) : 0.0f;
+    for (int i = 0; i < N; ++i) pin[i] = FUSE_POST ? ld_step(p.post_in + t * N + i) : 0.0f;
 #pragma unroll
-    for (int i = 0; i < N * N; ++i) cin[i] = FUSE_POST ? __ldg(p.comb_in + t * N * N + i) : 0.0f;
+    for (int i = 0; i < N * N; ++i) cin[i] = FUSE_POST ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
     float xr[kCache ? KPT : 1];
     float gam[(D + kTreeThreads - 1) / kTreeThreads];  // norm weight, loaded early: the tail must not wait
     if (tid < kTreeThreads) {

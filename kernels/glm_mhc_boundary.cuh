@@ -196,9 +196,9 @@ __device__ __forceinline__ void producer_streams(const P& p, size_t t, int g, bo
     constexpr bool kStore = SRC != kSrcStreams;
     float pin[N], cin[N * N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) pin[i] = SRC == kSrcPost ? __ldg(p.post_in + t * N + i) : 0.0f;
+    for (int i = 0; i < N; ++i) pin[i] = SRC == kSrcPost ? ld_step(p.post_in + t * N + i) : 0.0f;
 #pragma unroll
-    for (int i = 0; i < N * N; ++i) cin[i] = SRC == kSrcPost ? __ldg(p.comb_in + t * N * N + i) : 0.0f;
+    for (int i = 0; i < N * N; ++i) cin[i] = SRC == kSrcPost ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
     if constexpr (D % kTreeThreads == 0) {
         // Element i QD + q of tree thread tt is stream i at column tt + 256 q. Pair pi is the
         // neighbouring columns of lanes 2c, 2c + 1 (c = pi % 16, one run) at step q = pi / 16.
@@ -215,7 +215,7 @@ __device__ __forceinline__ void producer_streams(const P& p, size_t t, int g, bo
                 xv[it][0] = bf16x2_load(p.h + t * D + k);
             } else {
 #pragma unroll
-                for (int i = 0; i < N; ++i) xv[it][i] = __ldg(reinterpret_cast<const float2*>(p.x + (t * N + i) * D + k));
+                for (int i = 0; i < N; ++i) xv[it][i] = ld_step(reinterpret_cast<const float2*>(p.x + (t * N + i) * D + k));
                 if constexpr (SRC == kSrcPost) branch_u<2>(p.parts, D, t, k, uv[it]);
             }
         }
@@ -373,9 +373,9 @@ __device__ __forceinline__ void boundary_collapse_tail(const PreParams<N, R, K>&
     }
     pdl_wait();
     auto load = [&](int i, int k) -> float {
-        if constexpr (SRC == kSrcExpand) return bf16_to_f32(__ldg(p.h + t * D + k));
+        if constexpr (SRC == kSrcExpand) return bf16_to_f32(ld_step(p.h + t * D + k));
         else if constexpr (SRC == kSrcPost) return __ldcg(p.x_out + (t * N + i) * D + k);  // the producers' stores
-        else return __ldg(p.x + (t * N + i) * D + k);
+        else return ld_step(p.x + (t * N + i) * D + k);
     };
     float xr[kCached];
     auto cache = [&] {
@@ -493,9 +493,9 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
     pdl_launch_dependents();
     float pin[N], cin[N * N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) pin[i] = POST ? __ldg(p.post_in + t * N + i) : 0.0f;
+    for (int i = 0; i < N; ++i) pin[i] = POST ? ld_step(p.post_in + t * N + i) : 0.0f;
 #pragma unroll
-    for (int i = 0; i < N * N; ++i) cin[i] = POST ? __ldg(p.comb_in + t * N * N + i) : 0.0f;
+    for (int i = 0; i < N * N; ++i) cin[i] = POST ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
     const float inv_n = 1.0f / (float)N;
     float2 h[PER];
     float partial = 0.0f;
@@ -510,7 +510,7 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
             const int k = 2 * pr + e;
             float xc[N], o[N];
 #pragma unroll
-            for (int i = 0; i < N; ++i) xc[i] = __ldg(p.x + (t * N + i) * D + k);
+            for (int i = 0; i < N; ++i) xc[i] = ld_step(p.x + (t * N + i) * D + k);
             if constexpr (POST) {
                 post_mix_column<N>(xc, u[e], pin, cin, o);
                 if (p.x_out) {

@@ -110,7 +110,7 @@ struct MlaSplitSmem {
 
 // Merge the partner's state (m, l per head in shared memory slots, o from global) into ours.
 template <int E, int HPC, int CPT>
-__device__ __forceinline__ void mla_merge_partner(const float* __restrict__ slot, size_t head_stride,
+__device__ __forceinline__ void mla_merge_partner(const float* slot, size_t head_stride,
                                                   float (&o)[HPC][CPT], float* m, float* l, float* fa,
                                                   float* fb) {
     const int t = threadIdx.x;
@@ -230,7 +230,7 @@ __device__ __forceinline__ void mla_split_update(MlaSplitSmem<E, G, HPC>& sm, in
 // merges the partner's state and goes on. Returns whether this CTA ends as the root.
 template <int E, int V, int G, int HPC, int CPT>
 __device__ __forceinline__ bool mla_split_merge(MlaSplitSmem<E, G, HPC>& sm, float (&o)[HPC][CPT],
-                                                float* __restrict__ merge, uint32_t* __restrict__ counters,
+                                                float* merge, uint32_t* counters,
                                                 int w, int hg, int r, int H) {
     const int t = threadIdx.x;
     const size_t head_stride = E + 2;
@@ -266,10 +266,10 @@ __device__ __forceinline__ bool mla_split_merge(MlaSplitSmem<E, G, HPC>& sm, flo
 
 template <int E, int V, int G, int HPC>
 __device__ __forceinline__ void glm_mla_decode_split_body(
-    const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
-    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ merge, uint32_t* __restrict__ counters) {
+    const __nv_bfloat16* q, const uint8_t* cache,
+    const int32_t* block_table, int page_size, const int32_t* sel, int width,
+    const int32_t* seq_len_ptr, float s_k, __nv_bfloat16* out,
+    float* merge, uint32_t* counters) {
     static_assert(E % 512 == 0, "a lane owns 16-byte chunks of 16 channels");
     static_assert(V >= 2 && (V & (V - 1)) == 0, "halving merge tree");
     static_assert(G >= 1 && G <= 4 && HPC >= 1 && (G * HPC) <= 32 && ((G * HPC) & (G * HPC - 1)) == 0,
@@ -369,10 +369,10 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
 
 template <int E, int V, int G, int HPC>
 __global__ void __launch_bounds__(MLA_SPLIT_THREADS) glm_mla_decode_split(
-    const __nv_bfloat16* __restrict__ q, const uint8_t* __restrict__ cache,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
-    const int32_t* __restrict__ seq_len_ptr, float s_k, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ merge, uint32_t* __restrict__ counters) {
+    const __nv_bfloat16* q, const uint8_t* cache,
+    const int32_t* block_table, int page_size, const int32_t* sel, int width,
+    const int32_t* seq_len_ptr, float s_k, __nv_bfloat16* out,
+    float* merge, uint32_t* counters) {
     glm_mla_decode_split_body<E, V, G, HPC>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, out,
                                             merge, counters);
 }
@@ -386,9 +386,9 @@ __global__ void __launch_bounds__(MLA_SPLIT_THREADS) glm_mla_decode_split(
 // sums in order) is this kernel's, so it agrees with the reference to FP32 rounding, not bit for bit.
 template <int E>
 __global__ void __launch_bounds__(256) glm_mla_decode_f32(
-    const __nv_bfloat16* __restrict__ q, const float* __restrict__ cache,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ sel, int width,
-    const int32_t* __restrict__ seq_len_ptr, __nv_bfloat16* __restrict__ out) {
+    const __nv_bfloat16* q, const float* cache,
+    const int32_t* block_table, int page_size, const int32_t* sel, int width,
+    const int32_t* seq_len_ptr, __nv_bfloat16* out) {
     static_assert(E % 256 == 0 && E <= 4096, "whole channels per thread");
     constexpr int CPT = E / 256;
     __shared__ float warp_dots[8];

@@ -37,8 +37,8 @@ namespace kbp {
 // codes into a uint8_t cache, or the FP32 value y itself into a float cache (the unquantized form).
 template <int E, typename T = uint8_t>
 __device__ __forceinline__ void glm_mla_latent_write_row(
-    const __nv_bfloat16* __restrict__ c_row, const __nv_bfloat16* __restrict__ gamma, int32_t slot,
-    float s_k, float eps, T* __restrict__ cache) {
+    const __nv_bfloat16* c_row, const __nv_bfloat16* gamma, int32_t slot,
+    float s_k, float eps, T* cache) {
     static_assert(E % 32 == 0 && E >= 64 && E <= 1024, "latent width: 64..1024, whole warps");
     constexpr int WARPS = E / 32;
     static_assert((WARPS & (WARPS - 1)) == 0, "the warp-sum tree needs a power-of-two warp count");
@@ -73,16 +73,16 @@ __device__ __forceinline__ void glm_mla_latent_write_row(
 
 template <int E>
 __device__ __forceinline__ void glm_mla_latent_write_fp8_body(
-    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
-    const int32_t* __restrict__ slots, float s_k, float eps, uint8_t* __restrict__ cache) {
+    const __nv_bfloat16* c, const __nv_bfloat16* gamma,
+    const int32_t* slots, float s_k, float eps, uint8_t* cache) {
     const int row = blockIdx.x;
     glm_mla_latent_write_row<E>(c + (size_t)row * E, gamma, slots[row], s_k, eps, cache);
 }
 
 template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
-    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
-    const int32_t* __restrict__ slots, float s_k, float eps, uint8_t* __restrict__ cache) {
+    const __nv_bfloat16* c, const __nv_bfloat16* gamma,
+    const int32_t* slots, float s_k, float eps, uint8_t* cache) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_body<E>(c, gamma, slots, s_k, eps, cache);
 }
@@ -90,9 +90,9 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
 // Slot of token t: block_table[t / P] * P + t % P (the decode reads through the same table).
 template <int E>
 __device__ __forceinline__ void glm_mla_latent_write_fp8_paged_body(
-    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
-    float s_k, float eps, uint8_t* __restrict__ cache) {
+    const __nv_bfloat16* c, const __nv_bfloat16* gamma,
+    const int32_t* block_table, int page_size, const int32_t* pos,
+    float s_k, float eps, uint8_t* cache) {
     const int row = blockIdx.x;
     const int t = pos[0] + row;
     const int32_t slot = block_table[t / page_size] * page_size + t % page_size;
@@ -101,9 +101,9 @@ __device__ __forceinline__ void glm_mla_latent_write_fp8_paged_body(
 
 template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
-    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
-    float s_k, float eps, uint8_t* __restrict__ cache) {
+    const __nv_bfloat16* c, const __nv_bfloat16* gamma,
+    const int32_t* block_table, int page_size, const int32_t* pos,
+    float s_k, float eps, uint8_t* cache) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
 }
@@ -112,9 +112,9 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
 // kv_write): the same paged store of y = fl(fl(c_i r) gamma_i) as FP32, one row of 4E bytes a token.
 template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_f32_paged(
-    const __nv_bfloat16* __restrict__ c, const __nv_bfloat16* __restrict__ gamma,
-    const int32_t* __restrict__ block_table, int page_size, const int32_t* __restrict__ pos,
-    float eps, float* __restrict__ cache) {
+    const __nv_bfloat16* c, const __nv_bfloat16* gamma,
+    const int32_t* block_table, int page_size, const int32_t* pos,
+    float eps, float* cache) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     const int row = blockIdx.x;
     const int t = pos[0] + row;

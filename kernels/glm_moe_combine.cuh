@@ -57,11 +57,11 @@ __device__ __forceinline__ void moe_combine_sums(const MoeCombineIn<K>& in, int 
 }
 
 template <int D, int K, int VEC>
-__device__ __forceinline__ void moe_combine_body(const float* __restrict__ weights, const int* __restrict__ ids,
-                                                 const int* __restrict__ slot_rows,
-                                                 const __nv_bfloat16* __restrict__ expert_out,
-                                                 const __nv_bfloat16* __restrict__ shared,
-                                                 __nv_bfloat16* __restrict__ y) {
+__device__ __forceinline__ void moe_combine_body(const float* weights, const int* ids,
+                                                 const int* slot_rows,
+                                                 const __nv_bfloat16* expert_out,
+                                                 const __nv_bfloat16* shared,
+                                                 __nv_bfloat16* y) {
     static_assert(D % VEC == 0 && (VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8), "VEC");
     const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i0 >= D) return;
@@ -75,9 +75,9 @@ __device__ __forceinline__ void moe_combine_body(const float* __restrict__ weigh
 }
 
 template <int D, int K, int VEC>
-__global__ void moe_combine(const float* __restrict__ weights, const int* __restrict__ ids,
-                            const int* __restrict__ slot_rows, const __nv_bfloat16* __restrict__ expert_out,
-                            const __nv_bfloat16* __restrict__ shared, __nv_bfloat16* __restrict__ y) {
+__global__ void moe_combine(const float* weights, const int* ids,
+                            const int* slot_rows, const __nv_bfloat16* expert_out,
+                            const __nv_bfloat16* shared, __nv_bfloat16* y) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     moe_combine_body<D, K, VEC>(weights, ids, slot_rows, expert_out, shared, y);
 }

@@ -258,12 +258,12 @@ __device__ __forceinline__ void moe_gate_up_epilogue(float sum, float scale, flo
 
 template <int H, int I, int ISH, int E, int TOPK, int M, int P, int STAGES>
 __device__ __forceinline__ void moe_gate_up_dev(
-    const __nv_bfloat16* __restrict__ xn, const __nv_bfloat16* __restrict__ w_router, const float* __restrict__ bias,
-    float routed_scale, float gamma_gu, const uint8_t* __restrict__ gu_codes, const uint8_t* __restrict__ gu_scales,
-    const float* __restrict__ gu_sg, float gamma_dn, float limit, const uint8_t* __restrict__ sh_codes,
-    const uint8_t* __restrict__ sh_scales, float sh_sg, float* topk_w, int* topk_id, uint8_t* __restrict__ dn_codes,
-    uint8_t* __restrict__ dn_scales, float* __restrict__ sh_x, float* logits, __nv_bfloat16* __restrict__ egu,
-    __nv_bfloat16* __restrict__ sgu, const uint8_t* __restrict__ nx_codes, const uint8_t* __restrict__ nx_scales,
+    const __nv_bfloat16* xn, const __nv_bfloat16* w_router, const float* bias,
+    float routed_scale, float gamma_gu, const uint8_t* gu_codes, const uint8_t* gu_scales,
+    const float* gu_sg, float gamma_dn, float limit, const uint8_t* sh_codes,
+    const uint8_t* sh_scales, float sh_sg, float* topk_w, int* topk_id, uint8_t* dn_codes,
+    uint8_t* dn_scales, float* sh_x, float* logits, __nv_bfloat16* egu,
+    __nv_bfloat16* sgu, const uint8_t* nx_codes, const uint8_t* nx_scales,
     int nx_rows) {
     using Sh = MoeGateUpShape<H, I, ISH, E, TOPK, M, P>;
     auto& st = moe_gate_up_state<H, I, ISH, E, TOPK, M, P>;
@@ -359,9 +359,9 @@ __device__ __forceinline__ void moe_combine_rows(int t, int n0, const int* ids, 
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) {
         const int s = t * TOPK + k;
-        if (__ldg(ids + s) < 0) continue;
+        if (ld_step(ids + s) < 0) continue;
         const float e = __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(edown) + (size_t)s * H + n));
-        acc = __fadd_rn(acc, __fmul_rn(__ldg(w + s), e));
+        acc = __fadd_rn(acc, __fmul_rn(ld_step(w + s), e));
     }
     if constexpr (SHARED) {
         const float sh = __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(sdown) + (size_t)t * H + n));
@@ -372,11 +372,11 @@ __device__ __forceinline__ void moe_combine_rows(int t, int n0, const int* ids, 
 
 template <int H, int I, int ISH, int TOPK, int M, int P, int STAGES>
 __device__ __forceinline__ void moe_down_dev(
-    const int* __restrict__ topk_id, const float* __restrict__ topk_w, const uint8_t* __restrict__ dn_codes,
-    const uint8_t* __restrict__ dn_scales, float gamma_dn, const uint8_t* __restrict__ w_codes,
-    const uint8_t* __restrict__ w_scales, const float* __restrict__ w_sg, const float* __restrict__ sh_x,
-    const uint8_t* __restrict__ shd_codes, const uint8_t* __restrict__ shd_scales, float shd_sg,
-    __nv_bfloat16* edown, __nv_bfloat16* sdown, __nv_bfloat16* __restrict__ y) {
+    const int* topk_id, const float* topk_w, const uint8_t* dn_codes,
+    const uint8_t* dn_scales, float gamma_dn, const uint8_t* w_codes,
+    const uint8_t* w_scales, const float* w_sg, const float* sh_x,
+    const uint8_t* shd_codes, const uint8_t* shd_scales, float shd_sg,
+    __nv_bfloat16* edown, __nv_bfloat16* sdown, __nv_bfloat16* y) {
     using Sh = MoeDownShape<H, I, ISH, TOPK, M, P>;
     auto& st = moe_down_state<H, I, ISH, TOPK, M, P>;
     extern __shared__ __align__(16) uint8_t moe_smem[];
@@ -455,13 +455,13 @@ __device__ MoeLayerScratch<H, I, ISH, E, TOPK, M> moe_layer_scratch;
 
 template <int H, int I, int ISH, int E, int TOPK, int M, int PG, int SG, int PD, int SD>
 __global__ void __launch_bounds__(MOE_THREADS, 2) moe_layer(
-    int phase, const __nv_bfloat16* __restrict__ xn, const __nv_bfloat16* __restrict__ w_router,
-    const float* __restrict__ bias, float routed_scale, float gamma_gu, const uint8_t* __restrict__ gu_codes,
-    const uint8_t* __restrict__ gu_scales, const float* __restrict__ gu_sg, float gamma_dn, float limit,
-    const uint8_t* __restrict__ dn_codes_w, const uint8_t* __restrict__ dn_scales_w, const float* __restrict__ dn_sg,
-    const uint8_t* __restrict__ sh_codes, const uint8_t* __restrict__ sh_scales, float sh_sg,
-    const uint8_t* __restrict__ shd_codes, const uint8_t* __restrict__ shd_scales, float shd_sg,
-    __nv_bfloat16* __restrict__ y, int prefetch_rows, float* logits, float* topk_w, int* topk_id,
+    int phase, const __nv_bfloat16* xn, const __nv_bfloat16* w_router,
+    const float* bias, float routed_scale, float gamma_gu, const uint8_t* gu_codes,
+    const uint8_t* gu_scales, const float* gu_sg, float gamma_dn, float limit,
+    const uint8_t* dn_codes_w, const uint8_t* dn_scales_w, const float* dn_sg,
+    const uint8_t* sh_codes, const uint8_t* sh_scales, float sh_sg,
+    const uint8_t* shd_codes, const uint8_t* shd_scales, float shd_sg,
+    __nv_bfloat16* y, int prefetch_rows, float* logits, float* topk_w, int* topk_id,
     uint8_t* dn_codes, uint8_t* dn_scales, float* sh_x, __nv_bfloat16* egu, __nv_bfloat16* sgu,
     __nv_bfloat16* edown, __nv_bfloat16* sdown) {
     auto& sc = moe_layer_scratch<H, I, ISH, E, TOPK, M>;

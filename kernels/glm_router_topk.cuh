@@ -51,9 +51,9 @@ __device__ __forceinline__ bool router_beats(float chi_a, int id_a, float chi_b,
 // experts e = tid, tid + THREADS, ...; "warp" below is a run of 32 consecutive experts). logits may
 // point to shared memory (a fused kernel stages them there). Every thread of the block must call it.
 template <int E, int K, int THREADS = router_threads(E)>
-__device__ __forceinline__ void router_topk_row(const float* logits, const float* __restrict__ bias,
-                                                float routed_scale, float* __restrict__ weights,
-                                                int* __restrict__ ids) {
+__device__ __forceinline__ void router_topk_row(const float* logits, const float* bias,
+                                                float routed_scale, float* weights,
+                                                int* ids) {
     constexpr int EWARPS = router_threads(E) / 32, KEPT = EWARPS * K;
     constexpr int PER = (router_threads(E) + THREADS - 1) / THREADS;  // experts per thread
     static_assert(E >= 1 && E <= 1024, "at most 1024 experts");
@@ -122,17 +122,17 @@ __device__ __forceinline__ void router_topk_row(const float* logits, const float
 }
 
 template <int E, int K>
-__device__ __forceinline__ void router_topk_body(const float* __restrict__ logits,
-                                                 const float* __restrict__ bias, float routed_scale,
-                                                 float* __restrict__ weights, int* __restrict__ ids) {
+__device__ __forceinline__ void router_topk_body(const float* logits,
+                                                 const float* bias, float routed_scale,
+                                                 float* weights, int* ids) {
     const size_t t = blockIdx.x;
     router_topk_row<E, K>(logits + t * E, bias, routed_scale, weights + t * K, ids + t * K);
 }
 
 template <int E, int K>
 __global__ void __launch_bounds__(router_threads(E))
-router_topk(const float* __restrict__ logits, const float* __restrict__ bias, float routed_scale,
-            float* __restrict__ weights, int* __restrict__ ids) {
+router_topk(const float* logits, const float* bias, float routed_scale,
+            float* weights, int* ids) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
 }
@@ -158,11 +158,11 @@ __device__ __forceinline__ bool router_last_cta(unsigned* arrive, unsigned total
 // The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1, then, in the last
 // CTA, the top-k of every token (gridDim.y of them) over the logits read back from L2.
 template <int H, int E, int K, int OPC>
-__device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* __restrict__ w,
-                                                      const __nv_bfloat16* __restrict__ x,
-                                                      const float* __restrict__ bias, float routed_scale,
+__device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* w,
+                                                      const __nv_bfloat16* x,
+                                                      const float* bias, float routed_scale,
                                                       float* logits, unsigned* arrive,
-                                                      float* __restrict__ weights, int* __restrict__ ids) {
+                                                      float* weights, int* ids) {
     constexpr int THREADS = 64 * OPC;
     // The weight bytes dense_row_partial loads only after pdl_wait (beyond its first batch of
     // vectors) go to L2 first; x and everything else come after the dependency.
@@ -189,9 +189,9 @@ __device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* __res
 
 template <int H, int E, int K, int OPC>
 __global__ void __launch_bounds__(64 * OPC)
-router_gemv_topk(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
-                 const float* __restrict__ bias, float routed_scale, float* logits, unsigned* arrive,
-                 float* __restrict__ weights, int* __restrict__ ids) {
+router_gemv_topk(const __nv_bfloat16* w, const __nv_bfloat16* x,
+                 const float* bias, float routed_scale, float* logits, unsigned* arrive,
+                 float* weights, int* ids) {
     // PDL: weights only before dense_row_partial's pdl_wait
     router_gemv_topk_body<H, E, K, OPC>(w, x, bias, routed_scale, logits, arrive, weights, ids);
 }

@@ -48,10 +48,10 @@ __device__ __forceinline__ void zero_fill_words(float* buf, size_t words) {
 }
 
 template <int INTER, int VEC, SwiGluOut OUT, bool ZERO_FILL>
-__device__ __forceinline__ void swiglu_clamp_body(const __nv_bfloat16* __restrict__ gate,
-                                                  const __nv_bfloat16* __restrict__ up, long in_stride,
-                                                  void* __restrict__ out, long out_stride, float limit,
-                                                  float* __restrict__ zero_buf, size_t zero_words) {
+__device__ __forceinline__ void swiglu_clamp_body(const __nv_bfloat16* gate,
+                                                  const __nv_bfloat16* up, long in_stride,
+                                                  void* out, long out_stride, float limit,
+                                                  float* zero_buf, size_t zero_words) {
     static_assert(INTER % VEC == 0 && (VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8), "VEC");
     if constexpr (ZERO_FILL) zero_fill_words(zero_buf, zero_words);
     const int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
@@ -76,9 +76,9 @@ __device__ __forceinline__ void swiglu_clamp_body(const __nv_bfloat16* __restric
 }
 
 template <int INTER, int VEC, SwiGluOut OUT, bool ZERO_FILL>
-__global__ void swiglu_clamp(const __nv_bfloat16* __restrict__ gate, const __nv_bfloat16* __restrict__ up,
-                             long in_stride, void* __restrict__ out, long out_stride, float limit,
-                             float* __restrict__ zero_buf, size_t zero_words) {
+__global__ void swiglu_clamp(const __nv_bfloat16* gate, const __nv_bfloat16* up,
+                             long in_stride, void* out, long out_stride, float limit,
+                             float* zero_buf, size_t zero_words) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     swiglu_clamp_body<INTER, VEC, OUT, ZERO_FILL>(gate, up, in_stride, out, out_stride, limit, zero_buf,
                                                   zero_words);

@@ -43,6 +43,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int tid
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
+// Loads of step data: anything an earlier kernel of the step wrote (activations, routing ids and
+// weights, scales of quantized rows). Under PDL a kernel starts while the kernels before it still
+// run, so its lifetime overlaps their writes, and the non-coherent read-only path (ld.global.nc:
+// __ldg, and what the compiler makes of loads through const __restrict__ pointers) may serve a
+// line cached before those writes: measured on an H200 (128-expert seed shrink), the routed expert
+// GEMVs read their expert ids with __ldg and saw the KDA decay gates an earlier kernel had left at
+// the same arena bytes, in 13 to 32 of 42 MoE layers (none without PDL). So kernels take no
+// __restrict__ pointers, weights (constant for the whole step) keep __ldg, and step data is read
+// after pdl_wait() with coherent loads (ld.global.ca: L1-cached, made current by the wait's acquire).
+// tests/gpu/test_gpu_pdl_equality.py holds a PDL build of the seed shrink to the same bits as one
+// without PDL.
+template <class T>
+__device__ __forceinline__ T ld_step(const T* p) { return __ldca(p); }
+
 __device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ __nv_bfloat16 f32_to_bf16(float v) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }

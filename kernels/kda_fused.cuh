@@ -396,19 +396,19 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
 
 template <int HK, int HV, int DK, int DV, int KF, int KG, int W, int CPH>
 __global__ void __launch_bounds__(DV / CPH) __cluster_dims__((HV / HK) * CPH, 1, 1)
-kda_fused_decode(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                 const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ xf,
-                 const __nv_bfloat16* __restrict__ xg, const __nv_bfloat16* __restrict__ b,
-                 const __nv_bfloat16* __restrict__ taps, const __nv_bfloat16* __restrict__ conv_bias,
-                 float l2_eps, const uint8_t* __restrict__ wf, const float* __restrict__ swf,
-                 const uint8_t* __restrict__ wg, const float* __restrict__ swg,
-                 const float* __restrict__ a_log, const float* __restrict__ dt_bias, float lower_bound,
-                 float scale, const __nv_bfloat16* __restrict__ gamma, int gamma_head_stride,
-                 float norm_eps, float* __restrict__ window, float* __restrict__ state,
-                 __nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ packed,
-                 __nv_bfloat16* __restrict__ conv_out, __nv_bfloat16* __restrict__ f_out,
-                 float* __restrict__ decay_out, float* __restrict__ beta_out,
-                 __nv_bfloat16* __restrict__ og_out, float* __restrict__ core_out) {
+kda_fused_decode(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                 const __nv_bfloat16* v, const __nv_bfloat16* xf,
+                 const __nv_bfloat16* xg, const __nv_bfloat16* b,
+                 const __nv_bfloat16* taps, const __nv_bfloat16* conv_bias,
+                 float l2_eps, const uint8_t* wf, const float* swf,
+                 const uint8_t* wg, const float* swg,
+                 const float* a_log, const float* dt_bias, float lower_bound,
+                 float scale, const __nv_bfloat16* gamma, int gamma_head_stride,
+                 float norm_eps, float* window, float* state,
+                 __nv_bfloat16* y, __nv_bfloat16* packed,
+                 __nv_bfloat16* conv_out, __nv_bfloat16* f_out,
+                 float* decay_out, float* beta_out,
+                 __nv_bfloat16* og_out, float* core_out) {
     const KdaFusedParams p{q, k, v, xf, xg, b, taps, conv_bias, l2_eps, wf, swf, wg, swg, a_log, dt_bias,
                            lower_bound, scale, gamma, gamma_head_stride, norm_eps, window, state, y,
                            packed, conv_out, f_out, decay_out, beta_out, og_out, core_out};

@@ -59,7 +59,7 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
 }
 
 // This lane's 32 values of chunk c of a token row as raw BF16 (zeros for a padding token).
-__device__ __forceinline__ void load_token_raw(const __nv_bfloat16* __restrict__ row, bool live, int c,
+__device__ __forceinline__ void load_token_raw(const __nv_bfloat16* row, bool live, int c,
                                                int t, uint4 (&raw)[4]) {
 #pragma unroll
     for (int w = 0; w < 4; ++w)
@@ -80,7 +80,7 @@ __device__ __forceinline__ void unpack_token_raw(const uint4 (&raw)[4], float (&
 }
 
 // This lane's 32 values of chunk c of a token row (zeros for a padding token).
-__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* __restrict__ row, bool live,
+__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* row, bool live,
                                                  int c, int t, float (&v)[32]) {
     uint4 raw[4];
     load_token_raw(row, live, c, t, raw);
@@ -105,7 +105,7 @@ __device__ __forceinline__ void quantize_chunk(float (&v)[32], float sa, uint32_
 // Quantize this lane's 32 values per chunk of a token row: s_a from the exact row max, then the
 // codes. The second pass re-reads the row (an L1 hit) rather than holding K values in registers.
 template <int K>
-__device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* __restrict__ row,
+__device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* row,
                                                       bool live, int t, uint32_t (&xq)[K / 128][8]) {
     float amax = 0.0f;
 #pragma unroll
@@ -153,7 +153,7 @@ struct GatesTile {
 };
 
 template <int K>
-__device__ __forceinline__ void gates_tile_load(const uint8_t* __restrict__ w, int n0, int g, int t,
+__device__ __forceinline__ void gates_tile_load(const uint8_t* w, int n0, int g, int t,
                                                 GatesTile<K>& tile) {
     const uint4* lo = reinterpret_cast<const uint4*>(w + (long)(n0 + g) * K + 32 * t);
     const uint4* hi = reinterpret_cast<const uint4*>(w + (long)(n0 + g + 8) * K + 32 * t);
@@ -195,7 +195,7 @@ __device__ __forceinline__ void gates_tile_mma(const GatesTile<K>& tile, const u
 }
 
 template <int K>
-__device__ __forceinline__ void gates_tile_mma(const uint8_t* __restrict__ w, int n0, int g, int t,
+__device__ __forceinline__ void gates_tile_mma(const uint8_t* w, int n0, int g, int t,
                                                const uint32_t (&xq)[K / 128][8], float (&acc)[4]) {
     GatesTile<K> tile;
     gates_tile_load<K>(w, n0, g, t, tile);
@@ -215,16 +215,16 @@ __device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + 
 
 template <int N, int K, int DK, int WARPS>
 __device__ __forceinline__ void
-kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                              int x_stride, int m,
-                             const uint8_t* __restrict__ wf, const float* __restrict__ swf,
-                             const uint8_t* __restrict__ wg, const float* __restrict__ swg,
-                             const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                             float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
-                             float* __restrict__ decay, int decay_stride,
-                             __nv_bfloat16* __restrict__ og, int og_stride,
-                             float* __restrict__ beta, int beta_stride,
-                             __nv_bfloat16* __restrict__ f_out, int f_stride) {
+                             const uint8_t* wf, const float* swf,
+                             const uint8_t* wg, const float* swg,
+                             const float* a_log, const float* dt_bias,
+                             float lower_bound, const __nv_bfloat16* b, int b_stride,
+                             float* decay, int decay_stride,
+                             __nv_bfloat16* og, int og_stride,
+                             float* beta, int beta_stride,
+                             __nv_bfloat16* f_out, int f_stride) {
     static_assert(N % 16 == 0 && K % 128 == 0 && N % DK == 0, "16-row tiles, 128-wide K chunks");
     constexpr int BLOCKS = kda_gates_blocks<N, WARPS>();
     constexpr int H = N / DK;
@@ -264,16 +264,16 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* __restrict__ xf, const __nv_bf
 
 template <int N, int K, int DK, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
-kda_gates_w8a8_k128_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+kda_gates_w8a8_k128_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                          int x_stride, int m,
-                         const uint8_t* __restrict__ wf, const float* __restrict__ swf,
-                         const uint8_t* __restrict__ wg, const float* __restrict__ swg,
-                         const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                         float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
-                         float* __restrict__ decay, int decay_stride,
-                         __nv_bfloat16* __restrict__ og, int og_stride,
-                         float* __restrict__ beta, int beta_stride,
-                         __nv_bfloat16* __restrict__ f_out, int f_stride) {
+                         const uint8_t* wf, const float* swf,
+                         const uint8_t* wg, const float* swg,
+                         const float* a_log, const float* dt_bias,
+                         float lower_bound, const __nv_bfloat16* b, int b_stride,
+                         float* decay, int decay_stride,
+                         __nv_bfloat16* og, int og_stride,
+                         float* beta, int beta_stride,
+                         __nv_bfloat16* f_out, int f_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
         dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
@@ -287,16 +287,16 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat
 // same decay and beta epilogues. blockIdx.y: 0 computes f (+ decay), 1 o_g; block (0, 0, 0) beta.
 template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS)
-kda_gates_dq_rows(const __nv_bfloat16* __restrict__ xf, const __nv_bfloat16* __restrict__ xg,
+kda_gates_dq_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                   int x_stride, int m,
-                  const uint8_t* __restrict__ wf, const float* __restrict__ swf,
-                  const uint8_t* __restrict__ wg, const float* __restrict__ swg,
-                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                  float lower_bound, const __nv_bfloat16* __restrict__ b, int b_stride,
-                  float* __restrict__ decay, int decay_stride,
-                  __nv_bfloat16* __restrict__ og, int og_stride,
-                  float* __restrict__ beta, int beta_stride,
-                  __nv_bfloat16* __restrict__ f_out, int f_stride, int n_out, int k, int dk) {
+                  const uint8_t* wf, const float* swf,
+                  const uint8_t* wg, const float* swg,
+                  const float* a_log, const float* dt_bias,
+                  float lower_bound, const __nv_bfloat16* b, int b_stride,
+                  float* decay, int decay_stride,
+                  __nv_bfloat16* og, int og_stride,
+                  float* beta, int beta_stride,
+                  __nv_bfloat16* f_out, int f_stride, int n_out, int k, int dk) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     const int h_count = n_out / dk;
     if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)

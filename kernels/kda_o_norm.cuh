@@ -38,10 +38,10 @@ __device__ __forceinline__ __nv_bfloat16 o_norm_gated(float oi, float r, __nv_bf
 
 template <int H, int D>
 __device__ __forceinline__ void
-kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
-                          const __nv_bfloat16* __restrict__ gate, int gate_stride,
-                          const __nv_bfloat16* __restrict__ weight, int weight_head_stride, float eps,
-                          __nv_bfloat16* __restrict__ y, int y_stride) {
+kda_o_norm_gated_bf16_dev(const float* o, int o_stride,
+                          const __nv_bfloat16* gate, int gate_stride,
+                          const __nv_bfloat16* weight, int weight_head_stride, float eps,
+                          __nv_bfloat16* y, int y_stride) {
     static_assert(D % 32 == 0 && D <= 1024, "whole warps, one block per head");
     constexpr int WARPS = D / 32;
     __shared__ float partial[WARPS];
@@ -65,10 +65,10 @@ kda_o_norm_gated_bf16_dev(const float* __restrict__ o, int o_stride,
 
 template <int H, int D>
 __global__ void __launch_bounds__(D)
-kda_o_norm_gated_bf16(const float* __restrict__ o, int o_stride,
-                      const __nv_bfloat16* __restrict__ gate, int gate_stride,
-                      const __nv_bfloat16* __restrict__ weight, int weight_head_stride, float eps,
-                      __nv_bfloat16* __restrict__ y, int y_stride) {
+kda_o_norm_gated_bf16(const float* o, int o_stride,
+                      const __nv_bfloat16* gate, int gate_stride,
+                      const __nv_bfloat16* weight, int weight_head_stride, float eps,
+                      __nv_bfloat16* y, int y_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_o_norm_gated_bf16_dev<H, D>(o, o_stride, gate, gate_stride, weight, weight_head_stride, eps,
         y, y_stride);

@@ -39,9 +39,9 @@ template <> struct PackUnit<1> { using type = uint16_t; };
 // One thread per copy unit of VEC channels; one grid row per token.
 template <int NQ, int NK, int NV, int THREADS>
 __device__ __forceinline__ void
-kda_pack_qkv_bf16_dev(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                      const __nv_bfloat16* __restrict__ v, int q_stride, int k_stride, int v_stride,
-                      __nv_bfloat16* __restrict__ out, int out_stride) {
+kda_pack_qkv_bf16_dev(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                      const __nv_bfloat16* v, int q_stride, int k_stride, int v_stride,
+                      __nv_bfloat16* out, int out_stride) {
     static_assert(NQ > 0 && NK > 0 && NV > 0, "segment widths must be positive");
     constexpr int VEC = kda_pack_vec<NQ, NK, NV>();
     using U = typename PackUnit<VEC>::type;
@@ -58,9 +58,9 @@ kda_pack_qkv_bf16_dev(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 
 template <int NQ, int NK, int NV, int THREADS>
 __global__ void __launch_bounds__(THREADS)
-kda_pack_qkv_bf16(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                  const __nv_bfloat16* __restrict__ v, int q_stride, int k_stride, int v_stride,
-                  __nv_bfloat16* __restrict__ out, int out_stride) {
+kda_pack_qkv_bf16(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                  const __nv_bfloat16* v, int q_stride, int k_stride, int v_stride,
+                  __nv_bfloat16* out, int out_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_pack_qkv_bf16_dev<NQ, NK, NV, THREADS>(q, k, v, q_stride, k_stride, v_stride, out,
         out_stride);

@@ -36,9 +36,9 @@ namespace kbp {
 
 // Stage this token's per-key-channel factors in shared memory: e^g, k and the pre-scaled query.
 template <int DK, int COLS>
-__device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* __restrict__ q,
-                                                const __nv_bfloat16* __restrict__ k,
-                                                const float* __restrict__ g, float scale,
+__device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* q,
+                                                const __nv_bfloat16* k,
+                                                const float* g, float scale,
                                                 float* s_decay, float* s_k, float* s_q) {
     for (int i = threadIdx.x; i < DK; i += COLS) {
         s_decay[i] = kbp::exp_f32(g[i]);
@@ -101,13 +101,13 @@ struct KdaSmemColumn {
 
 template <int HK, int HV, int DK, int DV, int COLS, int T>
 __device__ __forceinline__ void
-kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* __restrict__ q,
-                                      const __nv_bfloat16* __restrict__ k,
-                                      const __nv_bfloat16* __restrict__ v, int qkv_stride,
-                                      const float* __restrict__ log_decay, int decay_stride,
-                                      const float* __restrict__ beta, int beta_stride, float scale,
-                                      float* __restrict__ state, long state_stride,
-                                      float* __restrict__ snap, float* __restrict__ out, int out_stride) {
+kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* q,
+                                      const __nv_bfloat16* k,
+                                      const __nv_bfloat16* v, int qkv_stride,
+                                      const float* log_decay, int decay_stride,
+                                      const float* beta, int beta_stride, float scale,
+                                      float* state, long state_stride,
+                                      float* snap, float* out, int out_stride) {
     static_assert(HV % HK == 0, "each q/k head serves a whole group of value heads");
     static_assert(DV % COLS == 0 && COLS % 32 == 0, "whole warps of value columns");
     static_assert(T >= 1 && T <= 4, "one to four tokens per launch");
@@ -146,13 +146,13 @@ kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* __restrict__ q,
 
 template <int HK, int HV, int DK, int DV, int COLS, int T>
 __global__ void __launch_bounds__(COLS)
-kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* __restrict__ q,
-                                  const __nv_bfloat16* __restrict__ k,
-                                  const __nv_bfloat16* __restrict__ v, int qkv_stride,
-                                  const float* __restrict__ log_decay, int decay_stride,
-                                  const float* __restrict__ beta, int beta_stride, float scale,
-                                  float* __restrict__ state, long state_stride,
-                                  float* __restrict__ snap, float* __restrict__ out, int out_stride) {
+kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* q,
+                                  const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, int qkv_stride,
+                                  const float* log_decay, int decay_stride,
+                                  const float* beta, int beta_stride, float scale,
+                                  float* state, long state_stride,
+                                  float* snap, float* out, int out_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,
         decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);

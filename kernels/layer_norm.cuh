@@ -41,8 +41,8 @@ __device__ __forceinline__ float ln_tree_sum(float partial, float* buf) {
 
 template <int D, int THREADS>
 __device__ __forceinline__ void
-layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-                    const __nv_bfloat16* __restrict__ bias, float eps, __nv_bfloat16* y, long y_stride) {
+layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
+                    const __nv_bfloat16* bias, float eps, __nv_bfloat16* y, long y_stride) {
     static_assert(THREADS >= 32 && THREADS <= 1024 && (THREADS & (THREADS - 1)) == 0,
                   "the halving tree needs a power-of-two thread count");
     static_assert(D > 0, "non-empty rows");
@@ -82,8 +82,8 @@ layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* 
 
 template <int D, int THREADS>
 __global__ void __launch_bounds__(THREADS)
-layer_norm_bf16(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-                const __nv_bfloat16* __restrict__ bias, float eps, __nv_bfloat16* y, long y_stride) {
+layer_norm_bf16(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
+                const __nv_bfloat16* bias, float eps, __nv_bfloat16* y, long y_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     layer_norm_bf16_dev<D, THREADS>(x, x_stride, weight, bias, eps, y, y_stride);
 }

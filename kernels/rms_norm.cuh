@@ -67,9 +67,9 @@ __device__ __forceinline__ float rms_block_sum(float partial, float* warp_sums) 
 template <int D, int THREADS, bool ONE_PLUS, int MODE>
 __device__ __forceinline__ void
 rms_norm_dev(__nv_bfloat16* x, long x_stride, long x_group_stride,
-             const __nv_bfloat16* __restrict__ s, long s_stride,
-             __nv_bfloat16* __restrict__ residual, long residual_stride,
-             const __nv_bfloat16* __restrict__ weight, float eps,
+             const __nv_bfloat16* s, long s_stride,
+             __nv_bfloat16* residual, long residual_stride,
+             const __nv_bfloat16* weight, float eps,
              __nv_bfloat16* y, long y_stride, long y_group_stride) {
     static_assert(D % 2 == 0 && D > 0, "rows are read as BF16 pairs");
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 1024 threads");
@@ -116,9 +116,9 @@ rms_norm_dev(__nv_bfloat16* x, long x_stride, long x_group_stride,
 template <int D, int THREADS, bool ONE_PLUS, int MODE>
 __global__ void __launch_bounds__(THREADS)
 rms_norm(__nv_bfloat16* x, long x_stride, long x_group_stride,
-         const __nv_bfloat16* __restrict__ s, long s_stride,
-         __nv_bfloat16* __restrict__ residual, long residual_stride,
-         const __nv_bfloat16* __restrict__ weight, float eps,
+         const __nv_bfloat16* s, long s_stride,
+         __nv_bfloat16* residual, long residual_stride,
+         const __nv_bfloat16* weight, float eps,
          __nv_bfloat16* y, long y_stride, long y_group_stride) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_dev<D, THREADS, ONE_PLUS, MODE>(x, x_stride, x_group_stride, s, s_stride, residual,
@@ -128,9 +128,9 @@ rms_norm(__nv_bfloat16* x, long x_stride, long x_group_stride,
 // Norm-only RMSNorm of row blockIdx.x, then its per-token FP8 quantization (values in registers).
 template <int D, int THREADS, bool ONE_PLUS>
 __device__ __forceinline__ void
-rms_norm_quant_fp8_dev(const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-                       float eps, __nv_bfloat16* __restrict__ y, long y_stride, uint8_t* __restrict__ q,
-                       float* __restrict__ s) {
+rms_norm_quant_fp8_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
+                       float eps, __nv_bfloat16* y, long y_stride, uint8_t* q,
+                       float* s) {
     static_assert(D % 2 == 0 && D > 0, "rows are read as BF16 pairs");
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 1024 threads");
     constexpr int PAIRS = D / 2;
@@ -184,9 +184,9 @@ rms_norm_quant_fp8_dev(const __nv_bfloat16* __restrict__ x, long x_stride, const
 
 template <int D, int THREADS, bool ONE_PLUS>
 __global__ void __launch_bounds__(THREADS)
-rms_norm_quant_fp8(const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-                   float eps, __nv_bfloat16* __restrict__ y, long y_stride, uint8_t* __restrict__ q,
-                   float* __restrict__ s) {
+rms_norm_quant_fp8(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
+                   float eps, __nv_bfloat16* y, long y_stride, uint8_t* q,
+                   float* s) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_quant_fp8_dev<D, THREADS, ONE_PLUS>(x, x_stride, weight, eps, y, y_stride, q, s);
 }

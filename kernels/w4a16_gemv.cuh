@@ -123,10 +123,10 @@ __device__ __forceinline__ float w4a16_chunk16_f16(uint2 codes, const float (&xs
 // Whether any |x_k| >= 2^113 (or is not finite): then x * 2^14 is not exact and the CTA takes the
 // slow decode. Reads all of x once (the main loop then hits L1); uniform over the CTA.
 template <int K>
-__device__ __forceinline__ bool w4a16_x_big(const uint4* __restrict__ x) {
+__device__ __forceinline__ bool w4a16_x_big(const uint4* x) {
     bool big = false;
     for (int v = threadIdx.x; v < K / 8; v += blockDim.x) {
-        const uint4 r = __ldg(x + v);
+        const uint4 r = ld_step(x + v);
         const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) big |= (w[j] & 0x7fffu) >= 0x7800u || ((w[j] >> 16) & 0x7fffu) >= 0x7800u;
@@ -137,8 +137,8 @@ __device__ __forceinline__ bool w4a16_x_big(const uint4* __restrict__ x) {
 // Thread l's accumulators for W4A16_ROWS consecutive output rows (rows n0.. with `valid` of them
 // real) over its chunks j = l, l+64, ...: each x chunk is loaded and widened once for all rows.
 template <int K, bool BIG>
-__device__ __forceinline__ void w4a16_rows_partial(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                                   float gscale, const uint4* __restrict__ x, int l, int valid,
+__device__ __forceinline__ void w4a16_rows_partial(const uint8_t* codes, const uint8_t* scales,
+                                                   float gscale, const uint4* x, int l, int valid,
                                                    float (&acc)[W4A16_ROWS]) {
     constexpr int NC = K / 16, PER = (NC + 63) / 64, R = W4A16_ROWS;
 #pragma unroll
@@ -161,7 +161,7 @@ __device__ __forceinline__ void w4a16_rows_partial(const uint8_t* __restrict__ c
         for (int t = 0; t < W4A16_BATCH; ++t) {
             const int j = l + 64 * (b0 + t);
             if (b0 + t < PER && j < NC) {
-                const X16 xv{__ldg(x + 2 * j), __ldg(x + 2 * j + 1)};
+                const X16 xv{ld_step(x + 2 * j), ld_step(x + 2 * j + 1)};
                 float xs[16];
                 if (!BIG) {
                     const uint32_t xw[8] = {xv.a.x, xv.a.y, xv.a.z, xv.a.w, xv.b.x, xv.b.y, xv.b.z, xv.b.w};
@@ -217,25 +217,25 @@ __device__ __forceinline__ void w4a16_cta(const uint8_t* codes, const uint8_t* s
 }
 
 template <int K>
-__device__ __forceinline__ void w4a16_gemv_dev(const uint8_t* __restrict__ codes,
-                                                  const uint8_t* __restrict__ scales, float gscale,
-                                                  const __nv_bfloat16* __restrict__ x,
-                                                  __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_gemv_dev(const uint8_t* codes,
+                                                  const uint8_t* scales, float gscale,
+                                                  const __nv_bfloat16* x,
+                                                  __nv_bfloat16* y, int N) {
     w4a16_cta<K>(codes, scales, gscale, x, y, N, blockIdx.x);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* __restrict__ codes,
-                                                  const uint8_t* __restrict__ scales, float gscale,
-                                                  const __nv_bfloat16* __restrict__ x,
-                                                  __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* codes,
+                                                  const uint8_t* scales, float gscale,
+                                                  const __nv_bfloat16* x,
+                                                  __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_dev<K>(codes, scales, gscale, x, y, N);
 }
 
 template <int K>
-__device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* __restrict__ table, int nseg,
-                                                      const __nv_bfloat16* __restrict__ x) {
+__device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* table, int nseg,
+                                                      const __nv_bfloat16* x) {
     // Find this CTA's segment: CTAs are handed out segment by segment, w4a16_ctas(n) each.
     int b = blockIdx.x, s = 0;
     while (s < nseg - 1 && b >= w4a16_ctas(table[s].n)) { b -= w4a16_ctas(table[s].n); ++s; }
@@ -244,8 +244,8 @@ __device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* __restrict__ 
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* __restrict__ table, int nseg,
-                                                      const __nv_bfloat16* __restrict__ x) {
+__global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* table, int nseg,
+                                                      const __nv_bfloat16* x) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_seg_dev<K>(table, nseg, x);
 }
@@ -258,7 +258,7 @@ struct W4A16SegList {
 
 template <int K, int NSEG>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
-                                                           const __nv_bfloat16* __restrict__ x) {
+                                                           const __nv_bfloat16* x) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     w4a16_gemv_seg_dev<K>(segs.seg, NSEG, x);
@@ -270,7 +270,7 @@ __device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, __fadd_
 
 // Thread l's accumulators for the group's rows; xs = the FP32 input staged in shared memory.
 template <int K>
-__device__ __forceinline__ void w4a16_silu_rows(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+__device__ __forceinline__ void w4a16_silu_rows(const uint8_t* codes, const uint8_t* scales,
                                                 float gscale, const float* xs, int l, int valid,
                                                 float (&acc)[W4A16_ROWS]) {
     constexpr int NV = K / 8, PER = (NV + 63) / 64, R = W4A16_ROWS;
@@ -313,11 +313,11 @@ __device__ __forceinline__ void w4a16_silu_rows(const uint8_t* __restrict__ code
 
 // CLAMP: g^ = fminf(g, L), u^ = fminf(fmaxf(u, -L), L) first (exact; NaN -> the other operand).
 template <int K, bool CLAMP>
-__device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* __restrict__ codes,
-                                                      const uint8_t* __restrict__ scales, float gscale,
-                                                      const __nv_bfloat16* __restrict__ g,
-                                                      const __nv_bfloat16* __restrict__ u, float limit,
-                                                      __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* codes,
+                                                      const uint8_t* scales, float gscale,
+                                                      const __nv_bfloat16* g,
+                                                      const __nv_bfloat16* u, float limit,
+                                                      __nv_bfloat16* y, int N) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
     static_assert(K * 4 <= 40960, "the FP32 input is staged in static shared memory");
     __shared__ __align__(16) float xs[K];
@@ -336,39 +336,39 @@ __device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* __restrict_
 }
 
 template <int K>
-__device__ __forceinline__ void w4a16_gemv_silu_input_dev(const uint8_t* __restrict__ codes,
-                                                          const uint8_t* __restrict__ scales, float gscale,
-                                                          const __nv_bfloat16* __restrict__ g,
-                                                          const __nv_bfloat16* __restrict__ u,
-                                                          __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_gemv_silu_input_dev(const uint8_t* codes,
+                                                          const uint8_t* scales, float gscale,
+                                                          const __nv_bfloat16* g,
+                                                          const __nv_bfloat16* u,
+                                                          __nv_bfloat16* y, int N) {
     w4a16_silu_input_impl<K, false>(codes, scales, gscale, g, u, 0.0f, y, N);
 }
 
 template <int K>
-__device__ __forceinline__ void w4a16_gemv_silu_clamp_input_dev(const uint8_t* __restrict__ codes,
-                                                                const uint8_t* __restrict__ scales, float gscale,
-                                                                const __nv_bfloat16* __restrict__ g,
-                                                                const __nv_bfloat16* __restrict__ u, float limit,
-                                                                __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_gemv_silu_clamp_input_dev(const uint8_t* codes,
+                                                                const uint8_t* scales, float gscale,
+                                                                const __nv_bfloat16* g,
+                                                                const __nv_bfloat16* u, float limit,
+                                                                __nv_bfloat16* y, int N) {
     w4a16_silu_input_impl<K, true>(codes, scales, gscale, g, u, limit, y, N);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t* __restrict__ codes,
-                                                                   const uint8_t* __restrict__ scales, float gscale,
-                                                                   const __nv_bfloat16* __restrict__ g,
-                                                                   const __nv_bfloat16* __restrict__ u, float limit,
-                                                                   __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t* codes,
+                                                                   const uint8_t* scales, float gscale,
+                                                                   const __nv_bfloat16* g,
+                                                                   const __nv_bfloat16* u, float limit,
+                                                                   __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_silu_clamp_input_dev<K>(codes, scales, gscale, g, u, limit, y, N);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* __restrict__ codes,
-                                                             const uint8_t* __restrict__ scales, float gscale,
-                                                             const __nv_bfloat16* __restrict__ g,
-                                                             const __nv_bfloat16* __restrict__ u,
-                                                             __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* codes,
+                                                             const uint8_t* scales, float gscale,
+                                                             const __nv_bfloat16* g,
+                                                             const __nv_bfloat16* u,
+                                                             __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_gemv_silu_input_dev<K>(codes, scales, gscale, g, u, y, N);
 }
@@ -381,12 +381,12 @@ __device__ __nv_bfloat16 w4a16_pair_scratch[N];
 }  // namespace
 
 template <int K, int I>
-__device__ __forceinline__ void w4a16_shared_pair_dev(int phase, const uint8_t* __restrict__ gu_codes,
-                                                      const uint8_t* __restrict__ gu_scales, float gu_gscale,
-                                                      const __nv_bfloat16* __restrict__ x,
-                                                      const uint8_t* __restrict__ dn_codes,
-                                                      const uint8_t* __restrict__ dn_scales, float dn_gscale,
-                                                      float limit, __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_shared_pair_dev(int phase, const uint8_t* gu_codes,
+                                                      const uint8_t* gu_scales, float gu_gscale,
+                                                      const __nv_bfloat16* x,
+                                                      const uint8_t* dn_codes,
+                                                      const uint8_t* dn_scales, float dn_gscale,
+                                                      float limit, __nv_bfloat16* y, int N) {
     __nv_bfloat16* gu = w4a16_pair_scratch<2 * I>;
     if (phase == 0)  // uniform per launch
         w4a16_cta<K>(gu_codes, gu_scales, gu_gscale, x, gu, 2 * I, blockIdx.x);
@@ -395,12 +395,12 @@ __device__ __forceinline__ void w4a16_shared_pair_dev(int phase, const uint8_t* 
 }
 
 template <int K, int I>
-__global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_t* __restrict__ gu_codes,
-                                                         const uint8_t* __restrict__ gu_scales, float gu_gscale,
-                                                         const __nv_bfloat16* __restrict__ x,
-                                                         const uint8_t* __restrict__ dn_codes,
-                                                         const uint8_t* __restrict__ dn_scales, float dn_gscale,
-                                                         float limit, __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_t* gu_codes,
+                                                         const uint8_t* gu_scales, float gu_gscale,
+                                                         const __nv_bfloat16* x,
+                                                         const uint8_t* dn_codes,
+                                                         const uint8_t* dn_scales, float dn_gscale,
+                                                         float limit, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a16_shared_pair_dev<K, I>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales, dn_gscale,
                                 limit, y, N);

@@ -159,10 +159,10 @@ __device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, float* red
 
 // x as K BF16 values (widened exactly).
 template <int K, int NT>
-__device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* __restrict__ x, uint4* xs, float* red) {
+__device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* x, uint4* xs, float* red) {
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
     return w4a16f_stage<K, NT, 0>([x4](int b, float (&h)[8]) {
-        const uint4 r = __ldg(x4 + b);
+        const uint4 r = ld_step(x4 + b);
         const uint32_t v[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -175,7 +175,7 @@ __device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* __restrict_
 // x as K FP32 values (16-byte aligned; the shared pair's SwiGLU row, written by the previous launch:
 // read through L2, and held in registers where a thread has at most two 8-value blocks).
 template <int K, int NT>
-__device__ __forceinline__ float w4a16f_stage_f32(const float* __restrict__ x, uint4* xs, float* red) {
+__device__ __forceinline__ float w4a16f_stage_f32(const float* x, uint4* xs, float* red) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
     return w4a16f_stage<K, NT, 2>([x4](int b, float (&h)[8]) {
         const float4 a = __ldcg(x4 + 2 * b), c = __ldcg(x4 + 2 * b + 1);
@@ -191,8 +191,8 @@ struct W4A16FBatch {
 
 // Load chunks w + KS*(b0 + i): 16 code bytes and 2 scale bytes per row; zeros past K.
 template <int K, int KS>
-__device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* __restrict__ cg, const uint8_t* __restrict__ c8,
-                                            const uint8_t* __restrict__ sg, const uint8_t* __restrict__ s8,
+__device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* cg, const uint8_t* c8,
+                                            const uint8_t* sg, const uint8_t* s8,
                                             int warp, int t, int b0) {
     constexpr int NCH = (K + 127) / 128;
 #pragma unroll
@@ -235,7 +235,7 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
 // pdl_wait(), then stage() stages the activation into xs and returns its 2^-e. Leaves each warp's
 // 16 row partials in part[warp] (after a barrier) and returns 2^-e.
 template <int K, int KS, int NT, class Stage>
-__device__ __forceinline__ float w4a16f_mac(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+__device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t* scales,
                                             int bg, int lg, int b8, int l8, Stage stage, const uint4* xs,
                                             float (*part)[16]) {
     static_assert(K % 32 == 0 && K <= W4A16F_MAX_K, "w4a16_mma: K % 32 == 0 and K <= W4A16F_MAX_K");
@@ -275,8 +275,8 @@ __host__ __device__ constexpr int w4a16f_xs_slots(int k) { return w4a16f_slot((k
 // One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS;
 // the activation is staged once for all of them by stage(); y = rn_bf16(P 2^(7-e) s_g).
 template <int K, int KS, int T, class Stage>
-__device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                                float gscale, __nv_bfloat16* __restrict__ y, int N, int n0, Stage stage,
+__device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* codes, const uint8_t* scales,
+                                                float gscale, __nv_bfloat16* y, int N, int n0, Stage stage,
                                                 const uint4* xs, float (*part)[16]) {
     static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
     const int r0 = n0 + 16 * ((threadIdx.x >> 5) / KS);
@@ -292,9 +292,9 @@ __device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* __restrict__ code
 
 // The BF16-activation form.
 template <int K, int KS, int T>
-__device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                             float gscale, __nv_bfloat16* __restrict__ y, int N, int n0,
-                                             const __nv_bfloat16* __restrict__ x) {
+__device__ __forceinline__ void w4a16f_tiles(const uint8_t* codes, const uint8_t* scales,
+                                             float gscale, __nv_bfloat16* y, int N, int n0,
+                                             const __nv_bfloat16* x) {
     __shared__ uint4 xs[w4a16f_xs_slots(K)];
     __shared__ float red[T * KS], part[T * KS][16];
     w4a16f_tiles_in<K, KS, T>(codes, scales, gscale, y, N, n0,
@@ -302,25 +302,25 @@ __device__ __forceinline__ void w4a16f_tiles(const uint8_t* __restrict__ codes, 
 }
 
 template <int K, int KS, int T>
-__device__ __forceinline__ void w4a16_mma_dev(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                              float gscale, const __nv_bfloat16* __restrict__ x,
-                                              __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_mma_dev(const uint8_t* codes, const uint8_t* scales,
+                                              float gscale, const __nv_bfloat16* x,
+                                              __nv_bfloat16* y, int N) {
     w4a16f_tiles<K, KS, T>(codes, scales, gscale, y, N, blockIdx.x * 16 * T, x);
 }
 
 template <int K, int KS, int T>
-__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma(const uint8_t* __restrict__ codes,
-                                                         const uint8_t* __restrict__ scales, float gscale,
-                                                         const __nv_bfloat16* __restrict__ x,
-                                                         __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma(const uint8_t* codes,
+                                                         const uint8_t* scales, float gscale,
+                                                         const __nv_bfloat16* x,
+                                                         __nv_bfloat16* y, int N) {
     w4a16_mma_dev<K, KS, T>(codes, scales, gscale, x, y, N);
 }
 
 __host__ __device__ constexpr int w4a16f_ctas(int n, int t) { return (n + 16 * t - 1) / (16 * t); }
 
 template <int K, int KS, int T>
-__device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* __restrict__ table, int nseg,
-                                                  const __nv_bfloat16* __restrict__ x) {
+__device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* table, int nseg,
+                                                  const __nv_bfloat16* x) {
     int b = blockIdx.x, s = 0;  // CTAs are handed out segment by segment, w4a16f_ctas(n, T) each
     while (s < nseg - 1 && b >= w4a16f_ctas(table[s].n, T)) { b -= w4a16f_ctas(table[s].n, T); ++s; }
     const W4A16Seg seg = table[s];
@@ -329,7 +329,7 @@ __device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* __restrict__ t
 
 template <int K, int KS, int T, int NSEG>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
-                                                                  const __nv_bfloat16* __restrict__ x) {
+                                                                  const __nv_bfloat16* x) {
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     w4a16_mma_seg_dev<K, KS, T>(segs.seg, NSEG, x);
 }
@@ -338,9 +338,9 @@ __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mm
 // ------------------------------------------------------------------ FP32 input, shared expert pair
 
 template <int K, int KS, int T>
-__device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* __restrict__ codes,
-                                                        const uint8_t* __restrict__ scales, float gscale,
-                                                        const float* __restrict__ x, __nv_bfloat16* __restrict__ y,
+__device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* codes,
+                                                        const uint8_t* scales, float gscale,
+                                                        const float* x, __nv_bfloat16* y,
                                                         int N) {
     __shared__ uint4 xs[w4a16f_xs_slots(K)];
     __shared__ float red[T * KS], part[T * KS][16];
@@ -350,8 +350,8 @@ __device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* __restric
 
 template <int K, int KS, int T>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T))
-    w4a16_mma_f32_input(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales, float gscale,
-                        const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_mma_f32_input(const uint8_t* codes, const uint8_t* scales, float gscale,
+                        const float* x, __nv_bfloat16* y, int N) {
     w4a16_mma_f32_input_dev<K, KS, T>(codes, scales, gscale, x, y, N);
 }
 
@@ -365,9 +365,9 @@ __device__ __align__(16) float w4a16f_pair_row[I];
 // g, u = rn_bf16(P 2^(7-e) s_g) as the one-linear form, then the exact element expression of
 // glm_swiglu_clamp in FP32: act_i = f32(silu(fminf(g, L)) * fminf(fmaxf(u, -L), L)), stored in FP32.
 template <int K, int I, int KS, int T>
-__device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* __restrict__ codes,
-                                                    const uint8_t* __restrict__ scales, float gscale,
-                                                    const __nv_bfloat16* __restrict__ x, float limit, float* act,
+__device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* codes,
+                                                    const uint8_t* scales, float gscale,
+                                                    const __nv_bfloat16* x, float limit, float* act,
                                                     uint4* xs, float* red, float (*part)[16]) {
     static_assert(I % 8 == 0, "w4a16_mma_shared_pair: 8 gate and 8 up rows per tile");
     const int tau = blockIdx.x * T + (threadIdx.x >> 5) / KS;
@@ -392,12 +392,12 @@ __device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* __restrict__ 
 #define W4A16F_PAIR_WARPS (KS0 * T0 > KS1 * T1 ? KS0 * T0 : KS1 * T1)
 
 template <int K, int I, int KS0, int T0, int KS1, int T1>
-__device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8_t* __restrict__ gu_codes,
-                                                          const uint8_t* __restrict__ gu_scales, float gu_gscale,
-                                                          const __nv_bfloat16* __restrict__ x,
-                                                          const uint8_t* __restrict__ dn_codes,
-                                                          const uint8_t* __restrict__ dn_scales, float dn_gscale,
-                                                          float limit, __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8_t* gu_codes,
+                                                          const uint8_t* gu_scales, float gu_gscale,
+                                                          const __nv_bfloat16* x,
+                                                          const uint8_t* dn_codes,
+                                                          const uint8_t* dn_scales, float dn_gscale,
+                                                          float limit, __nv_bfloat16* y, int N) {
     static_assert(KS0 * T0 <= 16 && KS1 * T1 <= 16, "w4a16_mma_shared_pair: at most 16 warps per CTA");
     constexpr int SLOTS = w4a16f_xs_slots(K) > w4a16f_xs_slots(I) ? w4a16f_xs_slots(K) : w4a16f_xs_slots(I);
     __shared__ uint4 xs[SLOTS];  // one staging buffer for both phases
@@ -412,10 +412,10 @@ __device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8
 
 template <int K, int I, int KS0, int T0, int KS1, int T1>
 __global__ void __launch_bounds__(32 * W4A16F_PAIR_WARPS, W4A16F_MIN_CTAS(W4A16F_PAIR_WARPS))
-    w4a16_mma_shared_pair(int phase, const uint8_t* __restrict__ gu_codes, const uint8_t* __restrict__ gu_scales,
-                          float gu_gscale, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ dn_codes,
-                          const uint8_t* __restrict__ dn_scales, float dn_gscale, float limit,
-                          __nv_bfloat16* __restrict__ y, int N) {
+    w4a16_mma_shared_pair(int phase, const uint8_t* gu_codes, const uint8_t* gu_scales,
+                          float gu_gscale, const __nv_bfloat16* x, const uint8_t* dn_codes,
+                          const uint8_t* dn_scales, float dn_gscale, float limit,
+                          __nv_bfloat16* y, int N) {
     w4a16_mma_shared_pair_dev<K, I, KS0, T0, KS1, T1>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales,
                                                       dn_gscale, limit, y, N);
 }

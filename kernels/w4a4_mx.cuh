@@ -116,7 +116,7 @@ __device__ __forceinline__ float block_max256(float m, float* red) {
 
 __device__ __forceinline__ void bf16x16_load(const __nv_bfloat16* p, float (&v)[16]) {
     const uint4* q = reinterpret_cast<const uint4*>(p);
-    uint4 a = __ldg(q), b = __ldg(q + 1);
+    uint4 a = ld_step(q), b = ld_step(q + 1);
     const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) { v[2 * i] = __uint_as_float(u[i] << 16); v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
@@ -152,19 +152,19 @@ __device__ __forceinline__ void nvfp4_quant_row(const __nv_bfloat16* x, uint8_t*
 }
 
 template <int K>
-__device__ __forceinline__ void w4a4_quant_rows_dev(const __nv_bfloat16* __restrict__ x,
-                                                       uint8_t* __restrict__ a_codes,
-                                                       uint8_t* __restrict__ a_scales,
-                                                       float* __restrict__ a_g) {
+__device__ __forceinline__ void w4a4_quant_rows_dev(const __nv_bfloat16* x,
+                                                       uint8_t* a_codes,
+                                                       uint8_t* a_scales,
+                                                       float* a_g) {
     const size_t r = blockIdx.x;
     nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, -1.0f);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* __restrict__ x,
-                                                       uint8_t* __restrict__ a_codes,
-                                                       uint8_t* __restrict__ a_scales,
-                                                       float* __restrict__ a_g) {
+__global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* x,
+                                                       uint8_t* a_codes,
+                                                       uint8_t* a_scales,
+                                                       float* a_g) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_quant_rows_dev<K>(x, a_codes, a_scales, a_g);
 }
@@ -184,10 +184,10 @@ __device__ __forceinline__ void w4a4_stage_act(const uint8_t* a_codes, const uin
                                                W4A4Smem<K>& sm) {
     const uint2* c = reinterpret_cast<const uint2*>(a_codes);
     for (int j = threadIdx.x; j < K / 16; j += 256) {
-        uint2 w = __ldg(c + j);
+        uint2 w = ld_step(c + j);
         sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y),
                              e2m1x2_signed(w.y >> 16));
-        sm.s[j] = e4m3_to_f32(__ldg(a_scales + j));
+        sm.s[j] = e4m3_to_f32(ld_step(a_scales + j));
     }
 }
 
@@ -252,28 +252,28 @@ template <int K>
 constexpr int w4a4_min_ctas() { return (K / 128 + 7) / 8 <= 4 ? 4 : 2; }
 
 template <int K>
-__device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* __restrict__ a_codes,
-                                                 const uint8_t* __restrict__ a_scales,
-                                                 const float* __restrict__ a_g,
-                                                 const uint8_t* __restrict__ w_codes,
-                                                 const uint8_t* __restrict__ w_scales, float w_gscale,
-                                                 __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* a_codes,
+                                                 const uint8_t* a_scales,
+                                                 const float* a_g,
+                                                 const uint8_t* w_codes,
+                                                 const uint8_t* w_scales, float w_gscale,
+                                                 __nv_bfloat16* y, int N) {
     static_assert(K % 128 == 0, "w4a4_gemv walks K in 128-wide chunks");
     __shared__ W4A4Smem<K> sm;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t n0 = (size_t)blockIdx.x * 16;
     w4a4_stage_act<K>(a_codes, a_scales, sm);
     float acc = w4a4_warp_rows<K>(w_codes + n0 * (K / 2), w_scales + n0 * (K / 16), sm, warp, lane);
-    w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g), w_gscale), y + n0, warp, lane);
+    w4a4_finish(acc, sm.part, __fmul_rn(ld_step(a_g), w_gscale), y + n0, warp, lane);
 }
 
 template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>
-__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv(const uint8_t* __restrict__ a_codes,
-                                                 const uint8_t* __restrict__ a_scales,
-                                                 const float* __restrict__ a_g,
-                                                 const uint8_t* __restrict__ w_codes,
-                                                 const uint8_t* __restrict__ w_scales, float w_gscale,
-                                                 __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv(const uint8_t* a_codes,
+                                                 const uint8_t* a_scales,
+                                                 const float* a_g,
+                                                 const uint8_t* w_codes,
+                                                 const uint8_t* w_scales, float w_gscale,
+                                                 __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_dev<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }

@@ -30,32 +30,32 @@
 namespace kbp {
 
 template <int K>
-__device__ __forceinline__ void w4a4_quant_rows_static_dev(const __nv_bfloat16* __restrict__ x, float gamma,
-                                                              uint8_t* __restrict__ a_codes,
-                                                              uint8_t* __restrict__ a_scales,
-                                                              float* __restrict__ a_g) {
+__device__ __forceinline__ void w4a4_quant_rows_static_dev(const __nv_bfloat16* x, float gamma,
+                                                              uint8_t* a_codes,
+                                                              uint8_t* a_scales,
+                                                              float* a_g) {
     const size_t r = blockIdx.x;
     nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, gamma);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat16* __restrict__ x, float gamma,
-                                                              uint8_t* __restrict__ a_codes,
-                                                              uint8_t* __restrict__ a_scales,
-                                                              float* __restrict__ a_g) {
+__global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat16* x, float gamma,
+                                                              uint8_t* a_codes,
+                                                              uint8_t* a_scales,
+                                                              float* a_g) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_quant_rows_static_dev<K>(x, gamma, a_codes, a_scales, a_g);
 }
 
 template <int K>
 __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
-    const int* __restrict__ ids, int act_div, const uint8_t* __restrict__ a_codes,
-    const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
-    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
-    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    const int* ids, int act_div, const uint8_t* a_codes,
+    const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
     static_assert(K % 128 == 0, "w4a4 walks K in 128-wide chunks");
     __shared__ W4A4Smem<K> sm;
-    const int slot = blockIdx.y, e = __ldg(ids + slot);
+    const int slot = blockIdx.y, e = ld_step(ids + slot);
     const size_t n0 = (size_t)blockIdx.x * 16;
     __nv_bfloat16* yo = y + (size_t)slot * N + n0;
     if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
@@ -68,15 +68,15 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
     const size_t ew = (size_t)e * N;
     float acc = w4a4_warp_rows<K>(w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), sm,
                                   warp, lane);
-    w4a4_finish(acc, sm.part, __fmul_rn(__ldg(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
+    w4a4_finish(acc, sm.part, __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
 }
 
 template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>   // (w4a4_mx.cuh)
 __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
-    const int* __restrict__ ids, int act_div, const uint8_t* __restrict__ a_codes,
-    const uint8_t* __restrict__ a_scales, const float* __restrict__ a_g,
-    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
-    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    const int* ids, int act_div, const uint8_t* a_codes,
+    const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_dev<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }
@@ -102,12 +102,12 @@ __device__ __forceinline__ void w4a4_stage_act_static(const __nv_bfloat16* x, fl
 
 template <int K>
 __device__ __forceinline__ void w4a4_gemv_moe_slots_bf16_dev(
-    const int* __restrict__ ids, int act_div, const __nv_bfloat16* __restrict__ x, float gamma,
-    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
-    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    const int* ids, int act_div, const __nv_bfloat16* x, float gamma,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
     static_assert(K % 128 == 0, "w4a4 walks K in 128-wide chunks");
     __shared__ W4A4Smem<K> sm;
-    const int slot = blockIdx.y, e = __ldg(ids + slot);
+    const int slot = blockIdx.y, e = ld_step(ids + slot);
     const size_t n0 = (size_t)blockIdx.x * 16;
     __nv_bfloat16* yo = y + (size_t)slot * N + n0;
     if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
@@ -125,9 +125,9 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_bf16_dev(
 
 template <int K>
 __global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots_bf16(
-    const int* __restrict__ ids, int act_div, const __nv_bfloat16* __restrict__ x, float gamma,
-    const uint8_t* __restrict__ w_codes, const uint8_t* __restrict__ w_scales,
-    const float* __restrict__ w_gscale, __nv_bfloat16* __restrict__ y, int N) {
+    const int* ids, int act_div, const __nv_bfloat16* x, float gamma,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_bf16_dev<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N);
 }
@@ -151,11 +151,11 @@ __device__ __forceinline__ void swiglu_quant_group(const __nv_bfloat16* gate_up,
 // clamped SwiGLU of gate_up[r] (2K BF16), rounded to BF16, NVFP4 with gamma, as
 // w4a4_quant_rows_static would write it from the stored SwiGLU row (a_g[r] = gamma).
 template <int K>
-__global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_bfloat16* __restrict__ gate_up,
+__global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_bfloat16* gate_up,
                                                                       float limit, float gamma,
-                                                                      uint8_t* __restrict__ a_codes,
-                                                                      uint8_t* __restrict__ a_scales,
-                                                                      float* __restrict__ a_g) {
+                                                                      uint8_t* a_codes,
+                                                                      uint8_t* a_scales,
+                                                                      float* a_g) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
     ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
     const size_t r = blockIdx.x;

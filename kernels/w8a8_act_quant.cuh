@@ -35,10 +35,10 @@ __device__ __forceinline__ float silu_mul_bf16(float g, float u) {
 // Eight activations of vector j: plain BF16 or the SiLU-times-up product.
 template <bool SILU>
 __device__ __forceinline__ void act8_load(const __nv_bfloat16* x, const __nv_bfloat16* u, int j, float (&v)[8]) {
-    bf16x8_unpack(__ldg(reinterpret_cast<const uint4*>(x) + j), v);
+    bf16x8_unpack(ld_step(reinterpret_cast<const uint4*>(x) + j), v);
     if (SILU) {
         float uv[8];
-        bf16x8_unpack(__ldg(reinterpret_cast<const uint4*>(u) + j), uv);
+        bf16x8_unpack(ld_step(reinterpret_cast<const uint4*>(u) + j), uv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = silu_mul_bf16(v[i], uv[i]);
     }
@@ -108,61 +108,61 @@ __device__ __forceinline__ void quant_g128_impl(const __nv_bfloat16* x, const __
 }
 
 template <int K>
-__device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* __restrict__ x,
-                                                          uint8_t* __restrict__ q, float* __restrict__ s) {
+__device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* x,
+                                                          uint8_t* q, float* s) {
     const size_t r = blockIdx.x;
     quant_row_impl<K, false>(x + r * K, nullptr, q + r * K, s + r);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* __restrict__ x,
-                                                          uint8_t* __restrict__ q, float* __restrict__ s) {
+__global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* x,
+                                                          uint8_t* q, float* s) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_row_dev<K>(x, q, s);
 }
 
 template <int K>
-__device__ __forceinline__ void w8a8_act_quant_g128_dev(const __nv_bfloat16* __restrict__ x,
-                                                           uint8_t* __restrict__ q, float* __restrict__ s) {
+__device__ __forceinline__ void w8a8_act_quant_g128_dev(const __nv_bfloat16* x,
+                                                           uint8_t* q, float* s) {
     const size_t r = blockIdx.x;
     quant_g128_impl<K, false>(x + r * K, nullptr, q + r * K, s + r * (K / 128));
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w8a8_act_quant_g128(const __nv_bfloat16* __restrict__ x,
-                                                           uint8_t* __restrict__ q, float* __restrict__ s) {
+__global__ void __launch_bounds__(256) w8a8_act_quant_g128(const __nv_bfloat16* x,
+                                                           uint8_t* q, float* s) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_g128_dev<K>(x, q, s);
 }
 
 template <int K>
-__device__ __forceinline__ void w8a8_act_quant_silu_row_dev(const __nv_bfloat16* __restrict__ g,
-                                                               const __nv_bfloat16* __restrict__ u,
-                                                               uint8_t* __restrict__ q, float* __restrict__ s) {
+__device__ __forceinline__ void w8a8_act_quant_silu_row_dev(const __nv_bfloat16* g,
+                                                               const __nv_bfloat16* u,
+                                                               uint8_t* q, float* s) {
     const size_t r = blockIdx.x;
     quant_row_impl<K, true>(g + r * K, u + r * K, q + r * K, s + r);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w8a8_act_quant_silu_row(const __nv_bfloat16* __restrict__ g,
-                                                               const __nv_bfloat16* __restrict__ u,
-                                                               uint8_t* __restrict__ q, float* __restrict__ s) {
+__global__ void __launch_bounds__(256) w8a8_act_quant_silu_row(const __nv_bfloat16* g,
+                                                               const __nv_bfloat16* u,
+                                                               uint8_t* q, float* s) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_row_dev<K>(g, u, q, s);
 }
 
 template <int K>
-__device__ __forceinline__ void w8a8_act_quant_silu_g128_dev(const __nv_bfloat16* __restrict__ g,
-                                                                const __nv_bfloat16* __restrict__ u,
-                                                                uint8_t* __restrict__ q, float* __restrict__ s) {
+__device__ __forceinline__ void w8a8_act_quant_silu_g128_dev(const __nv_bfloat16* g,
+                                                                const __nv_bfloat16* u,
+                                                                uint8_t* q, float* s) {
     const size_t r = blockIdx.x;
     quant_g128_impl<K, true>(g + r * K, u + r * K, q + r * K, s + r * (K / 128));
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) w8a8_act_quant_silu_g128(const __nv_bfloat16* __restrict__ g,
-                                                                const __nv_bfloat16* __restrict__ u,
-                                                                uint8_t* __restrict__ q, float* __restrict__ s) {
+__global__ void __launch_bounds__(256) w8a8_act_quant_silu_g128(const __nv_bfloat16* g,
+                                                                const __nv_bfloat16* u,
+                                                                uint8_t* q, float* s) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_g128_dev<K>(g, u, q, s);
 }

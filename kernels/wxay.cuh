@@ -67,7 +67,7 @@ __device__ __forceinline__ void wxay_chunk(const uint4 (&w)[4], const uint4 (&x)
 // Warp `warp`'s chain over the 128-wide chunks c = warp (mod 8) of the 16-row tile at w_rows:
 // acc0 / acc8 = rows g / g+8 (valid in lanes t == 0). The same bits whichever CTA runs it.
 template <int K>
-__device__ __forceinline__ void wxay_warp_chain(const uint8_t* __restrict__ w_rows, const uint8_t* __restrict__ a_codes,
+__device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uint8_t* a_codes,
                                                 int warp, float& acc0, float& acc8) {
     static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
     constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
@@ -86,8 +86,8 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* __restrict__ w_ro
             if (b0 + i < PER && c < NCH) {
                 w[i][0] = __ldcs(rg + 8 * c); w[i][1] = __ldcs(rg + 8 * c + 1);
                 w[i][2] = __ldcs(r8 + 8 * c); w[i][3] = __ldcs(r8 + 8 * c + 1);
-                x[i][0] = g == 0 ? __ldg(xa + 8 * c) : zero;  // the token is column 0 of B
-                x[i][1] = g == 0 ? __ldg(xa + 8 * c + 1) : zero;
+                x[i][0] = g == 0 ? ld_step(xa + 8 * c) : zero;  // the token is column 0 of B
+                x[i][1] = g == 0 ? ld_step(xa + 8 * c + 1) : zero;
             }
         }
 #pragma unroll
@@ -113,9 +113,9 @@ __device__ __forceinline__ __nv_bfloat16 wxay_finish(const float (&v)[8], float 
 
 // The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
 template <int K>
-__device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
-                                          const uint8_t* __restrict__ a_codes, float a_scale,
-                                          __nv_bfloat16* __restrict__ y) {
+__device__ __forceinline__ void wxay_tile(const uint8_t* w_rows, const float* w_scales,
+                                          const uint8_t* a_codes, float a_scale,
+                                          __nv_bfloat16* y) {
     __shared__ float part[8][16];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float acc0, acc8;
@@ -131,40 +131,40 @@ __device__ __forceinline__ void wxay_tile(const uint8_t* __restrict__ w_rows, co
 }
 
 template <int K>
-__device__ __forceinline__ void wxay_rowscale_dev(const uint8_t* __restrict__ a_codes,
-                                                     const float* __restrict__ a_scale,
-                                                     const uint8_t* __restrict__ w_codes,
-                                                     const float* __restrict__ w_scales,
-                                                     __nv_bfloat16* __restrict__ y, int N) {
+__device__ __forceinline__ void wxay_rowscale_dev(const uint8_t* a_codes,
+                                                     const float* a_scale,
+                                                     const uint8_t* w_codes,
+                                                     const float* w_scales,
+                                                     __nv_bfloat16* y, int N) {
     const size_t n0 = (size_t)blockIdx.x * 16;
-    wxay_tile<K>(w_codes + n0 * K, w_scales + n0, a_codes, __ldg(a_scale), y + n0);
+    wxay_tile<K>(w_codes + n0 * K, w_scales + n0, a_codes, ld_step(a_scale), y + n0);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* __restrict__ a_codes,
-                                                     const float* __restrict__ a_scale,
-                                                     const uint8_t* __restrict__ w_codes,
-                                                     const float* __restrict__ w_scales,
-                                                     __nv_bfloat16* __restrict__ y, int N) {
+__global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* a_codes,
+                                                     const float* a_scale,
+                                                     const uint8_t* w_codes,
+                                                     const float* w_scales,
+                                                     __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     wxay_rowscale_dev<K>(a_codes, a_scale, w_codes, w_scales, y, N);
 }
 
 template <int K>
-__device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* __restrict__ table, int nseg,
-                                                           const uint8_t* __restrict__ a_codes,
-                                                           const float* __restrict__ a_scale) {
+__device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* table, int nseg,
+                                                           const uint8_t* a_codes,
+                                                           const float* a_scale) {
     int b = blockIdx.x, s = 0;
     while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
     const WxaySeg seg = table[s];
     const size_t n0 = (size_t)b * 16;
-    wxay_tile<K>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, __ldg(a_scale), seg.y + n0);
+    wxay_tile<K>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, ld_step(a_scale), seg.y + n0);
 }
 
 template <int K>
-__global__ void __launch_bounds__(256, 2) wxay_rowscale_split(const WxaySeg* __restrict__ table, int nseg,
-                                                           const uint8_t* __restrict__ a_codes,
-                                                           const float* __restrict__ a_scale) {
+__global__ void __launch_bounds__(256, 2) wxay_rowscale_split(const WxaySeg* table, int nseg,
+                                                           const uint8_t* a_codes,
+                                                           const float* a_scale) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     wxay_rowscale_split_dev<K>(table, nseg, a_codes, a_scale);
 }
@@ -176,8 +176,8 @@ struct WxaySegList {
 
 template <int K, int NSEG>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_constant__ WxaySegList<NSEG> segs,
-                                                                const uint8_t* __restrict__ a_codes,
-                                                                const float* __restrict__ a_scale) {
+                                                                const uint8_t* a_codes,
+                                                                const float* a_scale) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
     wxay_rowscale_split_dev<K>(segs.seg, NSEG, a_codes, a_scale);
@@ -191,10 +191,10 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_
 // stream, and with PDL, they cannot: every access follows pdl_wait()).
 
 template <int K, int W>
-__device__ __forceinline__ void wxay_tile_ks(const uint8_t* __restrict__ w_rows, const float* __restrict__ w_scales,
-                                             const uint8_t* __restrict__ a_codes, const float* __restrict__ a_scale,
-                                             __nv_bfloat16* __restrict__ y, int slice, float* __restrict__ part,
-                                             unsigned* __restrict__ counter) {
+__device__ __forceinline__ void wxay_tile_ks(const uint8_t* w_rows, const float* w_scales,
+                                             const uint8_t* a_codes, const float* a_scale,
+                                             __nv_bfloat16* y, int slice, float* part,
+                                             unsigned* counter) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "wxay split: W warps per CTA divides 8");
     constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
     __shared__ bool last;
@@ -217,7 +217,7 @@ __device__ __forceinline__ void wxay_tile_ks(const uint8_t* __restrict__ w_rows,
         float v[8];
 #pragma unroll
         for (int w = 0; w < 8; ++w) v[w] = __ldcg(part + w * 16 + threadIdx.x);
-        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), __ldg(a_scale));
+        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), ld_step(a_scale));
     }
     if (threadIdx.x == 0) *counter = 0u;
 }
@@ -225,10 +225,10 @@ __device__ __forceinline__ void wxay_tile_ks(const uint8_t* __restrict__ w_rows,
 // wxay_rowscale over (N/16) * (8/W) CTAs of 32 W threads; part: (N/16) * 128 floats, counters:
 // N/16 unsigned, zeroed once before the first launch.
 template <int K, int W>
-__device__ __forceinline__ void wxay_rowscale_ks_dev(const uint8_t* __restrict__ a_codes, const float* __restrict__ a_scale,
-                                                     const uint8_t* __restrict__ w_codes,
-                                                     const float* __restrict__ w_scales, __nv_bfloat16* __restrict__ y,
-                                                     int N, float* __restrict__ part, unsigned* __restrict__ counters) {
+__device__ __forceinline__ void wxay_rowscale_ks_dev(const uint8_t* a_codes, const float* a_scale,
+                                                     const uint8_t* w_codes,
+                                                     const float* w_scales, __nv_bfloat16* y,
+                                                     int N, float* part, unsigned* counters) {
     const int tile = blockIdx.x / (8 / W), slice = blockIdx.x % (8 / W);
     const size_t n0 = (size_t)tile * 16;
     wxay_tile_ks<K, W>(w_codes + n0 * K, w_scales + n0, a_codes, a_scale, y + n0, slice, part + tile * 128,
@@ -236,22 +236,22 @@ __device__ __forceinline__ void wxay_rowscale_ks_dev(const uint8_t* __restrict__
 }
 
 template <int K, int W>
-__global__ void __launch_bounds__(32 * W, 16 / W) wxay_rowscale_ks(const uint8_t* __restrict__ a_codes,
-                                                                   const float* __restrict__ a_scale,
-                                                                   const uint8_t* __restrict__ w_codes,
-                                                                   const float* __restrict__ w_scales,
-                                                                   __nv_bfloat16* __restrict__ y, int N,
-                                                                   float* __restrict__ part,
-                                                                   unsigned* __restrict__ counters) {
+__global__ void __launch_bounds__(32 * W, 16 / W) wxay_rowscale_ks(const uint8_t* a_codes,
+                                                                   const float* a_scale,
+                                                                   const uint8_t* w_codes,
+                                                                   const float* w_scales,
+                                                                   __nv_bfloat16* y, int N,
+                                                                   float* part,
+                                                                   unsigned* counters) {
     wxay_rowscale_ks_dev<K, W>(a_codes, a_scale, w_codes, w_scales, y, N, part, counters);
 }
 
 // The split-list form: tiles numbered across segments (sum_s n_s/16), scratch indexed the same way.
 template <int K, int W>
-__device__ __forceinline__ void wxay_rowscale_split_ks_dev(const WxaySeg* __restrict__ table, int nseg,
-                                                           const uint8_t* __restrict__ a_codes,
-                                                           const float* __restrict__ a_scale, float* __restrict__ part,
-                                                           unsigned* __restrict__ counters) {
+__device__ __forceinline__ void wxay_rowscale_split_ks_dev(const WxaySeg* table, int nseg,
+                                                           const uint8_t* a_codes,
+                                                           const float* a_scale, float* part,
+                                                           unsigned* counters) {
     const int tile = blockIdx.x / (8 / W), slice = blockIdx.x % (8 / W);
     int b = tile, s = 0;
     while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
@@ -263,10 +263,10 @@ __device__ __forceinline__ void wxay_rowscale_split_ks_dev(const WxaySeg* __rest
 
 template <int K, int W, int NSEG>
 __global__ void __launch_bounds__(32 * W, 16 / W) wxay_rowscale_split_ks(const __grid_constant__ WxaySegList<NSEG> segs,
-                                                                         const uint8_t* __restrict__ a_codes,
-                                                                         const float* __restrict__ a_scale,
-                                                                         float* __restrict__ part,
-                                                                         unsigned* __restrict__ counters) {
+                                                                         const uint8_t* a_codes,
+                                                                         const float* a_scale,
+                                                                         float* part,
+                                                                         unsigned* counters) {
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
     wxay_rowscale_split_ks_dev<K, W>(segs.seg, NSEG, a_codes, a_scale, part, counters);
 }

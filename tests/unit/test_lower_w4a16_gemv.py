@@ -127,10 +127,21 @@ def test_fast_forms(tiny_fast):
             assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}>"
 
 
-def test_fast_shared_pair(tiny, tiny_fast):
-    """numerics fast: the pair's instance is w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (phase 0:
+def test_fast_shared_pair_is_not_the_default(tiny, tiny_fast):
+    """The fast pair measured outside the fast-mode criterion (module docstring): fast mode lowers
+    the exact pair unless SHARED_PAIR_FAST is set."""
+    plan, ctx = tiny_fast
+    plan_x, ctx_x = tiny
+    for g in _groups(plan, "glm_w4a16_pipe_shared_1row"):
+        exact = w4a16_gemv.lower(ctx_x, next(e for e in _groups(plan_x, g.rule) if e.id == g.id))
+        assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == [l.instance for l in exact]
+
+
+def test_fast_shared_pair(tiny, tiny_fast, monkeypatch):
+    """With SHARED_PAIR_FAST: the pair's instance is w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (phase 0:
     I/8 tiles of 8 gate + 8 up rows, phase 1: the down tiles, each shape from mma_shape), launched
     twice with the exact pair's arguments (only the instance, grids and blocks differ)."""
+    monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", True)
     plan, ctx = tiny_fast
     plan_x, ctx_x = tiny
     for g in _groups(plan, "glm_w4a16_pipe_shared_1row"):
@@ -154,6 +165,7 @@ def test_fast_shared_pair_falls_back(tiny_fast, monkeypatch):
     """Where I (the down projection's K) misses the tensor-core form's limits, the whole pair keeps
     the exact kernel; so it does where K does."""
     plan, ctx = tiny_fast
+    monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", True)
     g = _groups(plan, "glm_w4a16_pipe_shared_1row")[0]
     gate_up, down = linears(ctx, g)
     k, i = ctx.input(gate_up).dim_value, ctx.input(down).dim_value
@@ -162,12 +174,14 @@ def test_fast_shared_pair_falls_back(tiny_fast, monkeypatch):
         monkeypatch.setattr(w4a16_gemv, "_fast", lambda _ctx, size, missing=missing: size != missing)
         assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
     monkeypatch.undo()
+    monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", True)
     monkeypatch.setattr(w4a16_gemv, "MMA_MAX_K", min(i, k) - 1)
     assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
 
 
-def test_seed_shared_pair_shapes(seed_path):
+def test_seed_shared_pair_shapes(seed_path, monkeypatch):
     """The seed's shared experts (K 4096, I 2048, N 4096): 256 CTAs of 8 warps in both phases."""
+    monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", True)
     plan, ctx = planned(str(seed_path), numerics="fast")
     g = _groups(plan, "glm_w4a16_pipe_shared_1row")[0]
     phase0, phase1 = w4a16_gemv.lower(ctx, g)

@@ -26,7 +26,14 @@ above MMA_MAX_K: the staged row must fit static shared memory), the whole pair k
 form, since its two phases share one TU and one scratch row. Two launches, not one: every down
 output needs the whole act row, so phase 1 waits on all of phase 0 (a grid-wide dependency that
 one launch could only meet with a grid barrier, which needs every CTA resident); with PDL, phase 1
-issues its first weight loads before that wait."""
+issues its first weight loads before that wait.
+
+The fast pair is not chosen by default (SHARED_PAIR_FAST): on the H200 the tiny example in fast
+mode with it measured a teacher-forced logits relative L2 of 0.040 at worst over 32 positions (the
+fast-mode criterion is 1e-2; 3.0e-3 with the exact pair), where FP16 staging of the SwiGLU row,
+amplified by the 4-bit activation quantization that follows, costs more than its ~5 us a layer
+saves. The kernel, its bound and its GPU tests stay for the next attempt (e.g. FP32 or BF16x2
+staging of the row)."""
 from __future__ import annotations
 
 from kbpc.codegen.args import Aggregate, lit
@@ -39,6 +46,7 @@ from kbpc.ir.records import Node
 MAX_SEGS = 6             # W4A16_MAX_SEGS
 SILU_MAX_K = 10240       # the silu-input form stages K FP32 values in 40 KB of static shared memory
 HEADER = "w4a16_gemv.cuh"
+SHARED_PAIR_FAST = False   # see the module docstring: measured outside the fast-mode criterion
 MMA_HEADER = "w4a16_mma.cuh"
 MMA_MAX_K = 20480        # W4A16F_MAX_K: x staged as FP16 pairs in static shared memory
 MMA_WARPS = 2048         # warps a launch aims at: 132 SMs x 16 resident, about one wave
@@ -161,7 +169,7 @@ def _shared_pair(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[
     args = (*nvfp4_weight(ctx, gate_up), ctx.buf(x), *nvfp4_weight(ctx, down),
             flt(ctx.c.swiglu_limit), ctx.buf(y), lit(n))
     nodes = tuple(nd.id for nd in ctx.nodes(group))
-    if _fast(ctx, k) and _fast(ctx, i):
+    if SHARED_PAIR_FAST and _fast(ctx, k) and _fast(ctx, i):
         shapes = pair_shapes(k, i, n)
         inst = pair_instance(k, i, shapes)
         grid0, block0, grid1, block1 = pair_launch_shapes(i, n, shapes)
