@@ -167,10 +167,12 @@ def test_w4a16_mma_shared_pair_repeated_with_pdl():
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_w4a16_mma_shared_pair_through_the_product_launcher(tiny_path, pdl):
+def test_w4a16_mma_shared_pair_through_the_product_launcher(tiny_path, pdl, monkeypatch):
     """The instance, grids, blocks and arguments order the fast lowering emits for the tiny
-    example's shared experts, run through the product's launcher, with and without PDL."""
+    example's shared experts (with SHARED_PAIR_FAST: not the default, see w4a16_gemv), run through
+    the product's launcher, with and without PDL."""
     from kbpc.testing.lowering import family_groups, planned  # noqa: PLC0415
+    monkeypatch.setattr(lower_w4a16, "SHARED_PAIR_FAST", True)
     g = _gpu()
     plan, ctx = planned(str(tiny_path), numerics="fast")
     groups = [grp for grp in family_groups(plan, "w4a16_gemv") if grp.rule == "glm_w4a16_pipe_shared_1row"]
