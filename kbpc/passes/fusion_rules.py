@@ -93,10 +93,13 @@ def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
 
 
 # Measured on an H200 (128-expert seed shrink, 1k context, the same build otherwise, two runs each).
-COMBINE_SLOWER = ("measured slower in the step on an H200 (128-expert seed shrink, 1k context: 7.06 / 7.04 ms a "
-                  "step with moe_combine_hc and moe_combine_head vs 5.90 / 5.82 ms without, though the fused "
+# Measured on an H200 after the PDL stale-read fix (bench/NOTES.md, third 2026-12-01 session; the
+# earlier comparisons mixed correct and skipped MoE layers), 128-expert seed shrink, 1k context, the
+# default build 6.76-7.09 ms a step over five runs in the same calls.
+COMBINE_SLOWER = ("no gain measured in the step on an H200 (128-expert seed shrink, 1k context: 7.06 / 7.08 ms a "
+                  "step with moe_combine_hc and moe_combine_head vs 6.76-7.09 ms without, though the fused "
                   "boundary alone takes 7.9 us against 8.1 us for the two launches; the fused launch waits on "
-                  "the shared expert's stream, which costs it programmatic dependent launch)")
+                  "the shared expert's stream)")
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
 # so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
@@ -112,7 +115,7 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "quantization in the gate_up epilogue, the combine in the down epilogue",
                tensor_parallel=False, default=False,
                off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
-                                  "8.24 ms a step with it vs 5.91 ms without; the persistent kernel runs at "
+                                  "8.77 ms a step with it vs 6.76-7.09 ms without; the persistent kernel runs at "
                                   "~30% of its byte floor and blocks overlap with the neighbouring launches)"),
     FusionRule("moe_combine_hc", "glm_mhc", ("blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "blend",
                "the MoE combine runs as the boundary kernel's prologue (hc_boundary with PreParams<N, 1, K>): "
@@ -139,8 +142,9 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "gates and the recurrence output stay on chip", _kda_chain_fits,
                default=False,
                off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
-                                  "8.73 ms a step with it vs 5.91 ms without, though alone it takes 22.6 us "
-                                  "against 61.4 us for the five kernels)"),
+                                  "7.27 ms a step with it vs 6.76-7.09 ms without; in the replayed step it takes "
+                                  "~30 us a layer against ~20 us for the five kernels, though alone 22.6 us "
+                                  "against 61.4 us)"),
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),
@@ -153,9 +157,10 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "projection's input quantizer (w4a4_quant_swiglu_rows_static): one launch and one "
                "dependency fewer per MoE layer, the BF16 SwiGLU row never leaves the chip",
                _swiglu_feeds_down_quant, default=False,
-               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
-                                  "7.47 ms a step with it vs 6.20 ms without, though the serialized profile is "
-                                  "0.33 ms shorter with it; the cause in the graph replay is not found yet)"),
+               off_by_default_why="no difference measured in the step on an H200 (128-expert seed shrink, 1k "
+                                  "context: 6.80-7.03 ms a step with it, 6.76-7.09 ms without) for 42 launches "
+                                  "fewer and a 0.3 ms shorter serialized profile; left opt-in until a build with it "
+                                  "on has passed the end-to-end numerics checks on the GPU"),
     FusionRule("router_gemv_topk", "glm_router_topk", ("router", "top_k"), "top_k",
                "the MoE router GEMV and its top-k in one launch (the last CTA to finish ranks the logits): one "
                "launch and one full dependency fewer per MoE layer, the same bits", _router_topk_fits),
