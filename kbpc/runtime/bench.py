@@ -22,13 +22,22 @@ from kbpc.weights.synthetic import FP8_WEIGHT_CODES
 # (kind 0: uniform FP32 in offset +- scale; kind 3: signed E4M3 codes in FP8_WEIGHT_CODES).
 _HISTORY = {".latent_cache": (3, 0.0, 0.0), ".pool_keys": (0, 1.0, 0.0), ".pool_codes": (3, 0.0, 0.0),
             ".pool_scales": (0, 0.0, 1.0)}
+_F32_HISTORY = (0, 1.0, 0.0)   # an FP32 latent cache (a --no-act-quant build): uniform values, not codes
+
+
+def history_rule(name: str, storage: str) -> tuple[int, float, float] | None:
+    """How fill_history fills the state buffer `name` of `storage` (None: left as it is)."""
+    rule = next((r for suffix, r in _HISTORY.items() if name.endswith(suffix)), None)
+    if rule is not None and rule[0] == 3 and storage == "f32":
+        return _F32_HISTORY
+    return rule
 
 
 def fill_history(backend: CudaBackend, seed: int = 7) -> None:
     """Synthetic values in the caches a long context has written (see the module docstring)."""
     lo, hi = FP8_WEIGHT_CODES
     for i, (spec, buf) in enumerate(zip(backend.model.manifest["state"], backend.state)):
-        rule = next((r for suffix, r in _HISTORY.items() if spec["name"].endswith(suffix)), None)
+        rule = history_rule(spec["name"], spec.get("storage", ""))
         if rule is None:
             continue
         kind, scale, offset = rule

@@ -68,3 +68,15 @@ def test_plot_is_a_png(fake, tmp_path):
     out = tmp_path / "families.png"
     plot_families(report, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_fills_an_fp32_latent_cache_with_values_not_codes():
+    """kbpc bench fills the caches a long context would have written: E4M3 codes for the FP8
+    latent cache, FP32 values for the --no-act-quant build's FP32 one (codes read as FP32 would
+    be arbitrary bit patterns), nothing for state a context does not fill."""
+    from kbpc.runtime.bench import history_rule
+
+    assert history_rule("l3.attn.kv_write.latent_cache", "e4m3")[0] == 3
+    assert history_rule("l3.attn.kv_write.latent_cache", "f32") == (0, 1.0, 0.0)
+    assert history_rule("l3.attn.index.pool_keys", "f32") == (0, 1.0, 0.0)
+    assert history_rule("l0.kda.short_conv.window", "f32") is None
