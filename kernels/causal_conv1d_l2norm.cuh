@@ -155,6 +155,7 @@ causal_conv1d_update_l2norm(const __nv_bfloat16* x, int x_stride,
                             const __nv_bfloat16* taps,
                             const __nv_bfloat16* bias, float eps,
                             OutT* out, int out_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, OutT>(x, x_stride, window,
         window_stride, taps, bias, eps, out, out_stride);

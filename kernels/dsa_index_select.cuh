@@ -251,6 +251,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     const char* rows = FP8 ? (const char*)pool_codes : (const char*)pool_keys;
     if (begin < end)   // the older pools are history (the newest is staged after the wait)
         prefetch_l2(rows + (size_t)begin * ROW, (size_t)(end - begin) * ROW, tid, T);
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();
 
     for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;

@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(D) dsa_indexer_store(
     const float* slot_term, __nv_bfloat16* kg_keys,
     __nv_bfloat16* kg_gates, int rows, float* pool_keys,
     uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_indexer_store_body<D, KP, FP8>(key, gate, slot_term, kg_keys, kg_gates, rows, pool_keys, pool_codes,
                                        pool_scales, tau_ptr);

@@ -220,6 +220,7 @@ __device__ __forceinline__ void hc_head_body(const float* x, __nv_bfloat16* y) {
 
 template <int N, int D, int VEC>
 __global__ void hc_expand(const __nv_bfloat16* h, float* x) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_expand_body<N, D, VEC>(h, x);
 }
@@ -227,12 +228,14 @@ __global__ void hc_expand(const __nv_bfloat16* h, float* x) {
 template <int N, int D, int R, int VEC>
 __global__ void hc_post(const float* x, const RankParts<R> parts, const float* post,
                         const float* comb, float* x_out) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_post_body<N, D, R, VEC>(x, parts, post, comb, x_out);
 }
 
 template <int N, int D, int VEC>
 __global__ void hc_head(const float* x, __nv_bfloat16* y) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_head_body<N, D, VEC>(x, y);
 }
@@ -350,6 +353,7 @@ template <int N>
 __global__ void __launch_bounds__(32) hc_gates(const float* mix, const float* alpha,
                                                const float* beta, float eps_hc, int iters,
                                                float* post, float* comb) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_gates_body<N>(mix, alpha, beta, eps_hc, iters, post, comb);
 }
@@ -537,6 +541,7 @@ __device__ __forceinline__ void hc_pre_norm_body(const PreParams<N, R>& p) {
 
 template <int N, int D, bool FUSE_POST, int R>
 __global__ void __launch_bounds__(kPreThreads, 1) hc_pre_norm(const PreParams<N, R> p) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     hc_pre_norm_body<N, D, FUSE_POST, R>(p);
 }

@@ -283,6 +283,7 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     __shared__ Smem sm;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int w = blockIdx.x, hg = blockIdx.y, r = blockIdx.z, H = gridDim.y * HPC;
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // q, sel, the cache row of this step: written by earlier kernels
     const int seq_len = seq_len_ptr[0];
     sel += (size_t)r * width;
@@ -393,6 +394,7 @@ __global__ void __launch_bounds__(256) glm_mla_decode_f32(
     constexpr int CPT = E / 256;
     __shared__ float warp_dots[8];
     const int t = threadIdx.x, h = blockIdx.x, r = blockIdx.y, heads = gridDim.x;
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // q, sel and this step's cache row come from earlier kernels
     const int seq_len = seq_len_ptr[0];
     const __nv_bfloat16* qh = q + ((size_t)r * heads + h) * E;

@@ -83,6 +83,7 @@ template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* slots, float s_k, float eps, uint8_t* cache) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_body<E>(c, gamma, slots, s_k, eps, cache);
 }
@@ -104,6 +105,7 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* block_table, int page_size, const int32_t* pos,
     float s_k, float eps, uint8_t* cache) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
 }
@@ -115,6 +117,7 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_f32_paged(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* block_table, int page_size, const int32_t* pos,
     float eps, float* cache) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     const int row = blockIdx.x;
     const int t = pos[0] + row;

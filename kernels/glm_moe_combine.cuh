@@ -78,6 +78,7 @@ template <int D, int K, int VEC>
 __global__ void moe_combine(const float* weights, const int* ids,
                             const int* slot_rows, const __nv_bfloat16* expert_out,
                             const __nv_bfloat16* shared, __nv_bfloat16* y) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     moe_combine_body<D, K, VEC>(weights, ids, slot_rows, expert_out, shared, y);
 }

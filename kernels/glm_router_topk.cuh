@@ -27,9 +27,9 @@
 // implies K kept beaters, so counts below K are exact).
 // Fused form: every CTA computes OPC logits of one token with dense_gemv_bf16_block (the dense_bf16
 // family's device code and order, so the logits are the router GEMV's bits), then arrives at
-// `arrive` (release: CTA barrier, thread 0's __threadfence, atomicAdd); the last CTA to arrive
-// (acquire: __threadfence after the atomic) resets it, stages every token's logits from L2 in
-// shared memory and runs router_topk_row on them. No CTA ever waits for another, so it cannot hang.
+// `arrive` (kbp::last_to_arrive: CTA barrier, then an acq_rel atomic at GPU scope); the last CTA
+// to arrive resets it, stages every token's logits from L2 in shared memory and runs
+// router_topk_row on them. No CTA ever waits for another, so it cannot hang.
 #pragma once
 
 #include <math.h>
@@ -137,24 +137,6 @@ router_topk(const float* logits, const float* bias, float routed_scale,
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
 }
 
-// True in every thread of the CTA that arrives last at `arrive` (of `total`), which resets it; the
-// other CTAs' writes before their arrival are then visible to the whole CTA.
-__device__ __forceinline__ bool router_last_cta(unsigned* arrive, unsigned total) {
-    __shared__ int last;
-    __syncthreads();  // the CTA's writes are done; thread 0's fence is cumulative over them
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const bool l = atomicAdd(arrive, 1u) == total - 1;
-        if (l) {
-            *arrive = 0u;     // every CTA has arrived: the next launch starts from zero
-            __threadfence();  // acquire: the other CTAs' writes are visible from here on
-        }
-        last = l;
-    }
-    __syncthreads();
-    return last != 0;
-}
-
 // The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1, then, in the last
 // CTA, the top-k of every token (gridDim.y of them) over the logits read back from L2.
 template <int H, int E, int K, int OPC>
@@ -178,7 +160,7 @@ __device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* w,
     const size_t t = blockIdx.y;
     dense_gemv_bf16_block<H, float, OPC>(w, x + t * H, logits + t * E, E, blockIdx.x);  // pdl_wait inside
     pdl_launch_dependents();  // the next kernel may start; it waits for this grid in its pdl_wait
-    if (!router_last_cta(arrive, gridDim.x * gridDim.y)) return;
+    if (!last_to_arrive(arrive, gridDim.x * gridDim.y)) return;
     __shared__ float z[E];
     for (unsigned r = 0; r < gridDim.y; ++r) {
         for (int e = threadIdx.x; e < E; e += THREADS) z[e] = __ldcg(logits + (size_t)r * E + e);

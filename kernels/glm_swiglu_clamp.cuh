@@ -79,6 +79,7 @@ template <int INTER, int VEC, SwiGluOut OUT, bool ZERO_FILL>
 __global__ void swiglu_clamp(const __nv_bfloat16* gate, const __nv_bfloat16* up,
                              long in_stride, void* out, long out_stride, float limit,
                              float* zero_buf, size_t zero_words) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     swiglu_clamp_body<INTER, VEC, OUT, ZERO_FILL>(gate, up, in_stride, out, out_stride, limit, zero_buf,
                                                   zero_words);

@@ -274,6 +274,7 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                          __nv_bfloat16* og, int og_stride,
                          float* beta, int beta_stride,
                          __nv_bfloat16* f_out, int f_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
         dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
@@ -297,6 +298,7 @@ kda_gates_dq_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                   __nv_bfloat16* og, int og_stride,
                   float* beta, int beta_stride,
                   __nv_bfloat16* f_out, int f_stride, int n_out, int k, int dk) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     const int h_count = n_out / dk;
     if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)

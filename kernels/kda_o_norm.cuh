@@ -69,6 +69,7 @@ kda_o_norm_gated_bf16(const float* o, int o_stride,
                       const __nv_bfloat16* gate, int gate_stride,
                       const __nv_bfloat16* weight, int weight_head_stride, float eps,
                       __nv_bfloat16* y, int y_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_o_norm_gated_bf16_dev<H, D>(o, o_stride, gate, gate_stride, weight, weight_head_stride, eps,
         y, y_stride);

@@ -153,6 +153,7 @@ kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* q,
                                   const float* beta, int beta_stride, float scale,
                                   float* state, long state_stride,
                                   float* snap, float* out, int out_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,
         decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);

@@ -84,6 +84,7 @@ template <int D, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 layer_norm_bf16(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
                 const __nv_bfloat16* bias, float eps, __nv_bfloat16* y, long y_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     layer_norm_bf16_dev<D, THREADS>(x, x_stride, weight, bias, eps, y, y_stride);
 }

@@ -120,6 +120,7 @@ rms_norm(__nv_bfloat16* x, long x_stride, long x_group_stride,
          __nv_bfloat16* residual, long residual_stride,
          const __nv_bfloat16* weight, float eps,
          __nv_bfloat16* y, long y_stride, long y_group_stride) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_dev<D, THREADS, ONE_PLUS, MODE>(x, x_stride, x_group_stride, s, s_stride, residual,
         residual_stride, weight, eps, y, y_stride, y_group_stride);
@@ -187,6 +188,7 @@ __global__ void __launch_bounds__(THREADS)
 rms_norm_quant_fp8(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
                    float eps, __nv_bfloat16* y, long y_stride, uint8_t* q,
                    float* s) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     rms_norm_quant_fp8_dev<D, THREADS, ONE_PLUS>(x, x_stride, weight, eps, y, y_stride, q, s);
 }

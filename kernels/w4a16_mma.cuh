@@ -7,8 +7,14 @@
 // x is staged once per CTA (~4 instructions per value of x), so T tiles amortize it.
 //
 // Entries (T 16-row tiles per CTA, KS warps per tile splitting K, no dynamic smem, T*KS <= 16):
-//   w4a16_mma<K, KS, T>(codes, scales, s_g, x, y, N)         grid = w4a16f_ctas(N, T), block = 32*KS*T
-//   w4a16_mma_seg_list<K, KS, T, NSEG>(segs, x)               grid = sum_s w4a16f_ctas(n_s, T)
+//   w4a16_mma<K, KS, T, PF>(codes, scales, s_g, x, y, N)     grid = w4a16f_ctas(N, T), block = 32*KS*T
+//   w4a16_mma_seg_list<K, KS, T, NSEG, PF>(segs, x)           grid = sum_s w4a16f_ctas(n_s, T)
+//       PF (default 0): the first PF bytes of each code row (a multiple of 128, <= K/2) and PF/8 of
+//       each scale row are prefetched into L2 before pdl_wait(), while the kernel before it runs
+//       (H200, 128-expert seed shrink, in the replayed step: the KDA output projection after the
+//       recurrence and gated norm ends ~3 us sooner, the six-segment input projection ~1 us; the
+//       same prefetch in the FP8 DSA projections delayed the latency-bound quantizer before them
+//       by ~6 us, so wxay does not prefetch).
 //       several projections of one input (W4A16SegList<NSEG> by value, as w4a16_gemv_seg_list).
 //   w4a16_mma_f32_input<K, KS, T>(codes, scales, s_g, x, y, N) as w4a16_mma on an FP32 row x
 //       (16-byte aligned), staged the same way; FP16 keeps 11 of its 24 bits, so each staged value
@@ -234,7 +240,7 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
 // (clamped rows are read, never stored). The first batch of weight loads is issued before
 // pdl_wait(), then stage() stages the activation into xs and returns its 2^-e. Leaves each warp's
 // 16 row partials in part[warp] (after a barrier) and returns 2^-e.
-template <int K, int KS, int NT, class Stage>
+template <int K, int KS, int NT, int PF, class Stage>
 __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t* scales,
                                             int bg, int lg, int b8, int l8, Stage stage, const uint4* xs,
                                             float (*part)[16]) {
@@ -247,6 +253,13 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     const size_t rg = (size_t)min(bg + g, lg), r8 = (size_t)min(b8 + g, l8);
     const uint8_t *cg = codes + rg * (K / 2), *c8 = codes + r8 * (K / 2);
     const uint8_t *sg = scales + rg * (K / 16), *s8 = scales + r8 * (K / 16);
+    if constexpr (PF > 0) {  // the first PF code bytes (and PF / 8 scale bytes) of the tile's 16 rows
+        static_assert(PF % 128 == 0 && PF <= K / 2, "w4a16_mma: PF is whole lines of a code row");
+        prefetch_l2(cg, PF, t + 4 * ks, 4 * KS);   // the lines split over the tile's 4 * KS lanes t
+        prefetch_l2(c8, PF, t + 4 * ks, 4 * KS);
+        prefetch_l2(sg, PF / 8, t + 4 * ks, 4 * KS);
+        prefetch_l2(s8, PF / 8, t + 4 * ks, 4 * KS);
+    }
     W4A16FBatch cur;
     w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
     pdl_wait();
@@ -274,13 +287,13 @@ __host__ __device__ constexpr int w4a16f_xs_slots(int k) { return w4a16f_slot((k
 
 // One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS;
 // the activation is staged once for all of them by stage(); y = rn_bf16(P 2^(7-e) s_g).
-template <int K, int KS, int T, class Stage>
+template <int K, int KS, int T, int PF, class Stage>
 __device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* codes, const uint8_t* scales,
                                                 float gscale, __nv_bfloat16* y, int N, int n0, Stage stage,
                                                 const uint4* xs, float (*part)[16]) {
     static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
     const int r0 = n0 + 16 * ((threadIdx.x >> 5) / KS);
-    const float unscale = w4a16f_mac<K, KS, 32 * KS * T>(codes, scales, r0, N - 1, r0 + 8, N - 1, stage, xs, part);
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, PF>(codes, scales, r0, N - 1, r0 + 8, N - 1, stage, xs, part);
     const int tile = threadIdx.x >> 4, row = threadIdx.x & 15, n = n0 + 16 * tile + row;
     if (tile < T && n < N) {
         float p = part[tile * KS][row];
@@ -290,48 +303,48 @@ __device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* codes, const uint
     }
 }
 
-// The BF16-activation form.
-template <int K, int KS, int T>
+// The BF16-activation form; PF: code bytes of each row prefetched into L2 before pdl_wait().
+template <int K, int KS, int T, int PF>
 __device__ __forceinline__ void w4a16f_tiles(const uint8_t* codes, const uint8_t* scales,
                                              float gscale, __nv_bfloat16* y, int N, int n0,
                                              const __nv_bfloat16* x) {
     __shared__ uint4 xs[w4a16f_xs_slots(K)];
     __shared__ float red[T * KS], part[T * KS][16];
-    w4a16f_tiles_in<K, KS, T>(codes, scales, gscale, y, N, n0,
-                              [&]() { return w4a16f_stage_x<K, 32 * T * KS>(x, xs, red); }, xs, part);
+    w4a16f_tiles_in<K, KS, T, PF>(codes, scales, gscale, y, N, n0,
+                                  [&]() { return w4a16f_stage_x<K, 32 * T * KS>(x, xs, red); }, xs, part);
 }
 
-template <int K, int KS, int T>
+template <int K, int KS, int T, int PF = 0>
 __device__ __forceinline__ void w4a16_mma_dev(const uint8_t* codes, const uint8_t* scales,
                                               float gscale, const __nv_bfloat16* x,
                                               __nv_bfloat16* y, int N) {
-    w4a16f_tiles<K, KS, T>(codes, scales, gscale, y, N, blockIdx.x * 16 * T, x);
+    w4a16f_tiles<K, KS, T, PF>(codes, scales, gscale, y, N, blockIdx.x * 16 * T, x);
 }
 
-template <int K, int KS, int T>
+template <int K, int KS, int T, int PF = 0>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma(const uint8_t* codes,
                                                          const uint8_t* scales, float gscale,
                                                          const __nv_bfloat16* x,
                                                          __nv_bfloat16* y, int N) {
-    w4a16_mma_dev<K, KS, T>(codes, scales, gscale, x, y, N);
+    w4a16_mma_dev<K, KS, T, PF>(codes, scales, gscale, x, y, N);
 }
 
 __host__ __device__ constexpr int w4a16f_ctas(int n, int t) { return (n + 16 * t - 1) / (16 * t); }
 
-template <int K, int KS, int T>
+template <int K, int KS, int T, int PF = 0>
 __device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* table, int nseg,
                                                   const __nv_bfloat16* x) {
     int b = blockIdx.x, s = 0;  // CTAs are handed out segment by segment, w4a16f_ctas(n, T) each
     while (s < nseg - 1 && b >= w4a16f_ctas(table[s].n, T)) { b -= w4a16f_ctas(table[s].n, T); ++s; }
     const W4A16Seg seg = table[s];
-    w4a16f_tiles<K, KS, T>(seg.codes, seg.scales, seg.gscale, seg.y, seg.n, b * 16 * T, x);
+    w4a16f_tiles<K, KS, T, PF>(seg.codes, seg.scales, seg.gscale, seg.y, seg.n, b * 16 * T, x);
 }
 
-template <int K, int KS, int T, int NSEG>
+template <int K, int KS, int T, int NSEG, int PF = 0>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                                   const __nv_bfloat16* x) {
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
-    w4a16_mma_seg_dev<K, KS, T>(segs.seg, NSEG, x);
+    w4a16_mma_seg_dev<K, KS, T, PF>(segs.seg, NSEG, x);
 }
 
 
@@ -344,8 +357,8 @@ __device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* codes,
                                                         int N) {
     __shared__ uint4 xs[w4a16f_xs_slots(K)];
     __shared__ float red[T * KS], part[T * KS][16];
-    w4a16f_tiles_in<K, KS, T>(codes, scales, gscale, y, N, blockIdx.x * 16 * T,
-                              [&]() { return w4a16f_stage_f32<K, 32 * T * KS>(x, xs, red); }, xs, part);
+    w4a16f_tiles_in<K, KS, T, 0>(codes, scales, gscale, y, N, blockIdx.x * 16 * T,
+                                 [&]() { return w4a16f_stage_f32<K, 32 * T * KS>(x, xs, red); }, xs, part);
 }
 
 template <int K, int KS, int T>
@@ -371,7 +384,7 @@ __device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* codes,
                                                     uint4* xs, float* red, float (*part)[16]) {
     static_assert(I % 8 == 0, "w4a16_mma_shared_pair: 8 gate and 8 up rows per tile");
     const int tau = blockIdx.x * T + (threadIdx.x >> 5) / KS;
-    const float unscale = w4a16f_mac<K, KS, 32 * KS * T>(
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, 0>(
         codes, scales, 8 * tau, I - 1, I + 8 * tau, 2 * I - 1,
         [&]() { return w4a16f_stage_x<K, 32 * KS * T>(x, xs, red); }, xs, part);
     const int tile = threadIdx.x >> 3, row = threadIdx.x & 7, i = 8 * (blockIdx.x * T + tile) + row;
@@ -406,7 +419,7 @@ __device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8
     if (phase == 0)  // uniform per launch
         w4a16f_pair_gate_up<K, I, KS0, T0>(gu_codes, gu_scales, gu_gscale, x, limit, act, xs, red, part);
     else
-        w4a16f_tiles_in<I, KS1, T1>(dn_codes, dn_scales, dn_gscale, y, N, blockIdx.x * 16 * T1,
+        w4a16f_tiles_in<I, KS1, T1, 0>(dn_codes, dn_scales, dn_gscale, y, N, blockIdx.x * 16 * T1,
                                     [&]() { return w4a16f_stage_f32<I, 32 * KS1 * T1>(act, xs, red); }, xs, part);
 }
 

@@ -114,9 +114,12 @@ __device__ __forceinline__ float block_max256(float m, float* red) {
     return m;
 }
 
+// 16 BF16 values widened exactly. L2_ONLY: through L2 (ld.global.cg), for a row other CTAs of the
+// same grid wrote (no wait made this SM's L1 current); else kbp::ld_step (step data).
+template <bool L2_ONLY = false>
 __device__ __forceinline__ void bf16x16_load(const __nv_bfloat16* p, float (&v)[16]) {
     const uint4* q = reinterpret_cast<const uint4*>(p);
-    uint4 a = ld_step(q), b = ld_step(q + 1);
+    uint4 a = L2_ONLY ? __ldcg(q) : ld_step(q), b = L2_ONLY ? __ldcg(q + 1) : ld_step(q + 1);
     const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) { v[2 * i] = __uint_as_float(u[i] << 16); v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* x,
                                                        uint8_t* a_codes,
                                                        uint8_t* a_scales,
                                                        float* a_g) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_quant_rows_dev<K>(x, a_codes, a_scales, a_g);
 }

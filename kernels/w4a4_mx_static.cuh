@@ -136,12 +136,12 @@ __global__ void __launch_bounds__(256, 2) w4a4_gemv_moe_slots_bf16(
 
 // Group j (16 values) of the clamped SwiGLU of a [gate (K) | up (K)] BF16 row, each value rounded
 // to BF16 as glm_swiglu_clamp stores it, quantized with the static scale gamma (1/gamma = inv_g).
-template <int K>
+template <int K, bool L2_ONLY = false>
 __device__ __forceinline__ void swiglu_quant_group(const __nv_bfloat16* gate_up, int j, float limit, float gamma,
                                                    float inv_g, uint8_t* codes, uint8_t* scale) {
     float v[16], u[16];
-    bf16x16_load(gate_up + 16 * j, v);
-    bf16x16_load(gate_up + K + 16 * j, u);
+    bf16x16_load<L2_ONLY>(gate_up + 16 * j, v);
+    bf16x16_load<L2_ONLY>(gate_up + K + 16 * j, u);
 #pragma unroll
     for (int i = 0; i < 16; ++i) v[i] = round_bf16(swiglu_clamp_element(v[i], u[i], limit));
     nvfp4_quant_group(v, gamma, inv_g, codes, scale);
@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_
                                                                       uint8_t* a_scales,
                                                                       float* a_g) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
     const size_t r = blockIdx.x;
     const float inv_g = __fdiv_rn(1.0f, gamma);
@@ -164,6 +165,38 @@ __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_
         swiglu_quant_group<K>(gate_up + r * (2 * (size_t)K), j, limit, gamma, inv_g, a_codes + r * (K / 2) + 8 * j,
                               a_scales + r * (K / 16) + j);
     if (threadIdx.x == 0) a_g[r] = gamma;
+}
+
+// The routed gate/up slot GEMV with the down projection's input in its epilogue (rule
+// moe_gate_up_swiglu): w4a4_gemv_moe_slots<K> into the [gate | up] rows gu (S, 2I) BF16, then the
+// last CTA of each slot to finish (counters[slot], zero at launch, left zero) reads the slot's row
+// back through L2 and writes its clamped SwiGLU, rounded to BF16 and quantized with gamma, as
+// w4a4_quant_swiglu_rows_static<I> does (the same device functions: the same bytes). Empty slots
+// (id -1) arrive too: their row is +0, as in the unfused chain. grid = (2I/16, S), block 256.
+template <int K, int I>
+__device__ __forceinline__ void w4a4_gemv_moe_gate_up_swiglu_dev(
+    const int* ids, int act_div, const uint8_t* a_codes, const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales, const float* w_gscale, __nv_bfloat16* gu,
+    float limit, float gamma, uint8_t* h_codes, uint8_t* h_scales, float* h_g, unsigned* counters) {
+    static_assert(I % 16 == 0, "NVFP4 groups are 16 values");
+    w4a4_gemv_moe_slots_dev<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, gu, 2 * I);
+    const size_t slot = blockIdx.y;
+    if (!last_to_arrive(counters + slot, gridDim.x)) return;
+    const float inv_g = __fdiv_rn(1.0f, gamma);
+    for (int j = threadIdx.x; j < I / 16; j += 256)
+        swiglu_quant_group<I, true>(gu + slot * (2 * (size_t)I), j, limit, gamma, inv_g, h_codes + slot * (I / 2) + 8 * j,
+                                    h_scales + slot * (I / 16) + j);
+    if (threadIdx.x == 0) h_g[slot] = gamma;
+}
+
+template <int K, int I, int MIN_CTAS = w4a4_min_ctas<K>()>
+__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_gate_up_swiglu(
+    const int* ids, int act_div, const uint8_t* a_codes, const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales, const float* w_gscale, __nv_bfloat16* gu,
+    float limit, float gamma, uint8_t* h_codes, uint8_t* h_scales, float* h_g, unsigned* counters) {
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    w4a4_gemv_moe_gate_up_swiglu_dev<K, I>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, gu,
+                                           limit, gamma, h_codes, h_scales, h_g, counters);
 }
 
 }  // namespace kbp

@@ -117,6 +117,7 @@ __device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* x,
 template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* x,
                                                           uint8_t* q, float* s) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_row_dev<K>(x, q, s);
 }
@@ -131,6 +132,7 @@ __device__ __forceinline__ void w8a8_act_quant_g128_dev(const __nv_bfloat16* x,
 template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_g128(const __nv_bfloat16* x,
                                                            uint8_t* q, float* s) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_g128_dev<K>(x, q, s);
 }
@@ -147,6 +149,7 @@ template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_silu_row(const __nv_bfloat16* g,
                                                                const __nv_bfloat16* u,
                                                                uint8_t* q, float* s) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_row_dev<K>(g, u, q, s);
 }
@@ -163,6 +166,7 @@ template <int K>
 __global__ void __launch_bounds__(256) w8a8_act_quant_silu_g128(const __nv_bfloat16* g,
                                                                 const __nv_bfloat16* u,
                                                                 uint8_t* q, float* s) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_silu_g128_dev<K>(g, u, q, s);
 }

@@ -10,7 +10,8 @@ does every top-k for the fused router (its logits and arrival counter, used when
 router_gemv_topk merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
 the state does not depend on which fusions ran). A routed expert's NVFP4 input quantizer keeps the
 quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
-one step). Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
+one step), and a routed gate/up GEMV its [gate | up] rows and per-slot arrival counters for the
+SwiGLU epilogue of rule moe_gate_up_swiglu. Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
 cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool. A build without
 activation quantization (Options.act_quant off) keeps the MLA latent rows in FP32 and has no
 quantized expert rows."""
@@ -112,6 +113,22 @@ def _routed_quant(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, .
     return routed_quant_rows(node, x.rows_per_token * batch, x.dim_value)
 
 
+def routed_gate_up_state(node: Node, slots: int, width: int) -> tuple[StateBuffer, StateBuffer]:
+    """The routed gate/up GEMV's scratch for the SwiGLU epilogue (rule moe_gate_up_swiglu,
+    kernels/w4a4_mx_static.cuh w4a4_gemv_moe_gate_up_swiglu): the [gate | up] BF16 rows of every
+    slot, written by every CTA and read back by each slot's last, and an arrival counter per slot
+    (zero between launches)."""
+    return (StateBuffer(f"{node.id}.rows", slots * width * 2, (slots, width), "bf16"),
+            StateBuffer(f"{node.id}.arrive", slots * 4, (slots,), "i32"))
+
+
+def _routed_gate_up(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
+    outs = [t for t in bp.outputs(node.order) if t.format == "bf16"]
+    if len(outs) != 1:
+        return ()
+    return routed_gate_up_state(node, outs[0].rows_per_token * batch, outs[0].dim_value)
+
+
 def _index_pools(bp: Blueprint, ctx: int, index_cache: str, node: Node) -> tuple[StateBuffer, ...]:
     d, kp = bp.symbols["index_head_dim"], bp.symbols["index_kpool"]
     pools = -(-ctx // kp)
@@ -163,6 +180,8 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
             out.extend(_routed_quant(bp, node, options.batch))
         if node.op == "top_k":
             out.extend(_router(bp, node, options.batch))
+        if node.op_base == "expert_gate_up" and options.act_quant:
+            out.extend(_routed_gate_up(bp, node, options.batch))
         for kind in node.state:
             out.extend(_of_kind(bp, node, kind, options))
     return out

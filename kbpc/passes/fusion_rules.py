@@ -55,10 +55,10 @@ def _swiglu_feeds_down_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The SwiGLU's BF16 output is the down projection's act_quant input, and the clamp reads the
     routed [gate | up] BF16 rows (one per slot)."""
     act = next(n for n in nodes if n.op == "silu_mul")
-    quant = next(n for n in nodes if n.op == "act_quant")
     clamp = next(n for n in nodes if n.op == "swiglu_clamp")
     (h,) = bp.outputs(act.order) or (None,)
-    if h is None or h.dst != quant.order or h.format != "bf16":
+    quant = next((n for n in nodes if n.op == "act_quant" and h is not None and n.order == h.dst), None)
+    if h is None or quant is None or h.format != "bf16":
         return "the down projection's quantizer does not read the SwiGLU's BF16 output"
     gu = [t for t in bp.inputs(clamp.order) if t.format == "bf16"]
     if len(gu) != 1 or gu[0].dim_value != 2 * h.dim_value:
@@ -66,6 +66,17 @@ def _swiglu_feeds_down_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     if any(t.format != "nvfp4/g16" for t in bp.outputs(quant.order)):
         return "the down projection's input is not NVFP4"
     return None
+
+
+def _gate_up_feeds_swiglu(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The routed gate/up GEMV's BF16 [gate | up] rows are read by the clamp and nothing else, and
+    the SwiGLU feeds the down projection's NVFP4 quantizer (_swiglu_feeds_down_quant)."""
+    gate_up = next(n for n in nodes if n.op == "expert_gate_up")
+    clamp = next(n for n in nodes if n.op == "swiglu_clamp")
+    rows = [t for t in bp.outputs(gate_up.order) if t.format == "bf16"]
+    if len(rows) != 1 or rows[0].dst != clamp.order or len(bp.outputs(gate_up.order)) != 1:
+        return "the gate/up rows are not read by the clamp alone"
+    return _swiglu_feeds_down_quant(bp, nodes)
 
 
 def _blend_feeds_post_only(bp: Blueprint, nodes: list[Node]) -> str | None:
@@ -103,7 +114,7 @@ COMBINE_SLOWER = ("no gain measured in the step on an H200 (128-expert seed shri
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
 # so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
-# and router_gemv_topk do.
+# and router_gemv_topk do, and moe_swiglu_down, when asked for, before moe_gate_up_swiglu.
 FUSION_RULES: tuple[FusionRule, ...] = (
     # Before the rules that take the blend's or the post-mix's group alone: a group joins one merge.
     FusionRule("moe_layer", "glm_moe_layer",
@@ -157,10 +168,21 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "projection's input quantizer (w4a4_quant_swiglu_rows_static): one launch and one "
                "dependency fewer per MoE layer, the BF16 SwiGLU row never leaves the chip",
                _swiglu_feeds_down_quant, default=False,
-               off_by_default_why="no difference measured in the step on an H200 (128-expert seed shrink, 1k "
-                                  "context: 6.80-7.03 ms a step with it, 6.76-7.09 ms without) for 42 launches "
-                                  "fewer and a 0.3 ms shorter serialized profile; left opt-in until a build with it "
-                                  "on has passed the end-to-end numerics checks on the GPU"),
+               off_by_default_why="slower in the step on an H200 (128-expert seed shrink, 1k context, kernels "
+                                  "that trigger their dependents early: 6.95 ms a step with it against 6.73-6.75 "
+                                  "ms without, same call; logits bit-equal) though 42 launches fewer"),
+    FusionRule("moe_gate_up_swiglu", "w4a4_mx_static",
+               ("act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant", "expert_down"),
+               "expert_gate_up",
+               "the routed experts' clamped SwiGLU and the down input's quantization run in the gate/up GEMV's "
+               "epilogue (each slot's last CTA, w4a4_gemv_moe_gate_up_swiglu): two launches and two "
+               "dependencies fewer per MoE layer, the same bytes", _gate_up_feeds_swiglu,
+               tensor_parallel=False, default=False,
+               off_by_default_why="slower in the step on an H200 (128-expert seed shrink, 1k context: 7.14-7.22 "
+                                  "ms a step with it against 6.93-6.99 ms without, four runs each, logits "
+                                  "bit-equal; the gate/up launch takes ~35 us against ~27 us + 6 us for the GEMV "
+                                  "and the two launches it replaces: every CTA's fence and arrival keeps it "
+                                  "resident longer)"),
     FusionRule("router_gemv_topk", "glm_router_topk", ("router", "top_k"), "top_k",
                "the MoE router GEMV and its top-k in one launch (the last CTA to finish ranks the logits): one "
                "launch and one full dependency fewer per MoE layer, the same bits", _router_topk_fits),

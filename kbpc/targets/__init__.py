@@ -17,23 +17,31 @@ class Target:
     capability: tuple[int, int]  # the compute capability that runs its code (an `a` target runs
                                  # on exactly that capability, not on later ones)
     sms: int                     # streaming multiprocessors of the largest part (grids that fill the GPU)
+    l2_prefetch_bytes: int       # most weight bytes one projection launch prefetches into L2 before
+                                 # pdl_wait (kbpc.codegen.families._projection.prefetch_row_bytes)
 
+
+# A third of the 50 MB L2 of H100 / H200: the prefetched lines must survive until the kernel reads
+# them, beside the L2 traffic of the kernels running meanwhile.
+L2_PREFETCH_HOPPER = 16 << 20
+# Targets kbpc has not run on: a smaller, unmeasured budget (GB10's L2 is the smallest of them).
+L2_PREFETCH_UNMEASURED = 4 << 20
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("sm_90", "H100 / H200 (Hopper)",
                ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False, capability=(9, 0),
-               sms=132),
+               sms=132, l2_prefetch_bytes=L2_PREFETCH_HOPPER),
         Target("sm_100", "B200 / GB200 (Blackwell datacenter)",
                ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False, capability=(10, 0),
-               sms=148),
+               sms=148, l2_prefetch_bytes=L2_PREFETCH_UNMEASURED),
         Target("sm_120", "RTX Blackwell (consumer)",
                ("-gencode=arch=compute_120a,code=sm_120a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 0),
-               sms=170),
+               sms=170, l2_prefetch_bytes=L2_PREFETCH_UNMEASURED),
         Target("sm_121", "GB10 (DGX Spark)",
                ("-gencode=arch=compute_121a,code=sm_121a",), fp8_mma=True, fp4_block_mma=True, capability=(12, 1),
-               sms=48),
+               sms=48, l2_prefetch_bytes=L2_PREFETCH_UNMEASURED),
     )
 }
 

@@ -71,8 +71,14 @@ def w4a16_mma_shared_pair(k: int, i: int, ks0: int, t0: int, ks1: int, t1: int) 
     return w4a16_gemv.pair_instance(k, i, (ks0, t0, ks1, t1))
 
 
-def w4a16_mma(k: int, ks: int, t: int) -> KernelInstance:
-    return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}>", (*W4, *W4_OUT))
+def _pf(pf: int | None) -> str:
+    """The optional L2 prefetch argument of the fast W4A16 forms (written as the lowering writes it)."""
+    return "" if pf is None else f", {pf}"
+
+
+def w4a16_mma(k: int, ks: int, t: int, pf: int | None = None) -> KernelInstance:
+    return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}{_pf(pf)}>",
+                          (*W4, *W4_OUT))
 
 
 def w4a16_mma_f32_input(k: int, ks: int, t: int) -> KernelInstance:
@@ -81,8 +87,9 @@ def w4a16_mma_f32_input(k: int, ks: int, t: int) -> KernelInstance:
                           (*W4, "const float*", f"{BF}*", "int"))
 
 
-def w4a16_mma_seg_list(k: int, ks: int, t: int, nseg: int) -> KernelInstance:
-    return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER, f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {nseg}>",
+def w4a16_mma_seg_list(k: int, ks: int, t: int, nseg: int, pf: int | None = None) -> KernelInstance:
+    return KernelInstance("w4a16_gemv", w4a16_gemv.MMA_HEADER,
+                          f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {nseg}{_pf(pf)}>",
                           (f"kbp::W4A16SegList<{nseg}>", f"const {BF}*"))
 
 
@@ -104,6 +111,7 @@ def w4a4_quant_rows_static(k: int) -> KernelInstance:
 
 w4a4_moe_slots = w4a4_mx_static.slots_instance                   # the lowering's own
 w4a4_quant_swiglu_rows_static = w4a4_mx_static.quant_swiglu_instance
+w4a4_moe_gate_up_swiglu = w4a4_mx_static.gate_up_swiglu_instance
 
 
 def w4a4_moe_slots_bf16(k: int) -> KernelInstance:
@@ -251,6 +259,8 @@ MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::w4a4_quant_rows": w4a4_quant_rows, "kbp::w4a4_gemv": w4a4_gemv,
     "kbp::w4a4_quant_rows_static": w4a4_quant_rows_static, "kbp::w4a4_gemv_moe_slots": w4a4_moe_slots,
     "kbp::w4a4_gemv_moe_slots_bf16": w4a4_moe_slots_bf16,
+    "kbp::w4a4_quant_swiglu_rows_static": w4a4_quant_swiglu_rows_static,
+    "kbp::w4a4_gemv_moe_gate_up_swiglu": w4a4_moe_gate_up_swiglu,
     "kbp::wxay_rowscale": wxay_rowscale, "kbp::wxay_rowscale_split_list": wxay_split_list,
     "kbp::w8a8_act_quant_row": lambda k: w8a8_quant(k, "row"),
     "kbp::swiglu_clamp": swiglu, "kbp::moe_combine": moe_combine, "kbp::embed_copy": embed,

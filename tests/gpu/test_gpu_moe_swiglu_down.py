@@ -1,6 +1,7 @@
-"""GPU test of the step's routed down projection (rule moe_swiglu_down) through the product's
-launchers, bit for bit against the reference (kbpc.reference): the slots' SwiGLU + quantization
-in one launch (w4a4_quant_swiglu_rows_static), then the slot GEMV over the quantized rows."""
+"""GPU tests of the step's fused routed SwiGLU forms through the product's launchers, bit for bit
+against the reference (kbpc.reference): rule moe_swiglu_down (the slots' SwiGLU + quantization in
+one launch, w4a4_quant_swiglu_rows_static, then the slot GEMV over the quantized rows) and rule
+moe_gate_up_swiglu (the gate/up slot GEMV with the SwiGLU + quantization in its epilogue)."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -11,6 +12,7 @@ import pytest
 from kbpc.reference import w4a4_mx_static as ref_w4a4s
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_nvfp4, quantize_nvfp4_static, to_bf16
 from kbpc.reference.glm_swiglu_clamp import swiglu_clamp_rows
+from kbpc.codegen.families import w4a4_mx_static
 from kbpc.testing.instances import w4a4_moe_slots, w4a4_quant_swiglu_rows_static
 
 pytestmark = pytest.mark.gpu
@@ -70,3 +72,39 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     launcher(slots)((n // 16, top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
                     gpu.to_gpu(wg), y, n, pdl=True)
     _assert_equal(gpu.fetch(y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids), f"pair n={n} k={k}")
+
+
+GATE_UP_SIZES = [(4096, 2048, 10, 8), (2176, 48, 5, 4), (1024, 3584, 6, 6), (7168, 272, 4, 3)]
+
+
+@pytest.mark.parametrize("k,i,experts,top_k", GATE_UP_SIZES)
+def test_gate_up_swiglu_epilogue(k, i, experts, top_k):
+    """Rule moe_gate_up_swiglu: w4a4_gemv_moe_gate_up_swiglu writes the slots' [gate | up] rows and,
+    in each slot's last CTA, their quantized SwiGLU: bit for bit the reference's slot GEMV, clamped
+    SwiGLU and static quantization (what the separate launches write), twice in a row (the arrival
+    counters return to zero), an empty slot included."""
+    from kbpc.testing import gpu
+    from kbpc.testing.launchers import launcher
+
+    weights, ids = _experts(experts, 2 * i, k), _ids(experts, top_k)
+    x = to_bf16(RNG.standard_normal((1, k)).astype(np.float32))
+    gamma_in = np.float32(np.abs(x).max() / 2688)
+    xc, xs, xg = quantize_nvfp4_static(x, gamma_in)
+    gu_want = ref_w4a4s.w4a4_static_moe_slots(np.repeat(x, top_k, 0), gamma_in, *weights, ids)   # (top_k, 2i)
+    h = swiglu_clamp_rows(gu_want, LIMIT)
+    gamma = np.float32(max(np.abs(h).max(), 1e-3) / 2688)
+    packed, scales, _ = quantize_nvfp4_static(h, gamma)
+    wp, ws, wg = weights
+    args = [gpu.to_gpu(ids), top_k, gpu.to_gpu(xc), gpu.to_gpu(xs), gpu.to_gpu(np.asarray(xg, np.float32).reshape(-1)),
+            gpu.to_gpu(wp), gpu.to_gpu(ws), gpu.to_gpu(wg)]
+    counters = gpu.to_gpu(np.zeros(top_k, np.uint32))
+    for run in range(2):
+        gu = gpu.poisoned((top_k, 2 * i), np.uint16)
+        c, s, a = (gpu.poisoned((top_k, i // 2), np.uint8), gpu.poisoned((top_k, i // 16), np.uint8),
+                   gpu.poisoned((top_k,), np.float32))
+        launcher(w4a4_mx_static.gate_up_swiglu_instance(k, i))(
+            (2 * i // 16, top_k, 1), (256, 1, 1), *args, gu, LIMIT, gamma, c, s, a, counters, pdl=True)
+        _assert_equal(gpu.fetch(gu, "gu"), gu_want, f"gate/up rows k={k} i={i} run {run}")
+        assert np.array_equal(c.get(), packed) and np.array_equal(s.get(), scales), f"codes/scales run {run}"
+        assert np.array_equal(gpu.fetch(a, "g"), np.full(top_k, gamma, np.float32))
+        assert not counters.get().any(), "arrival counters left non-zero"

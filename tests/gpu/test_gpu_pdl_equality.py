@@ -11,9 +11,7 @@ an earlier kernel's decay gates as expert ids and skipped 13 to 32 of 42 MoE lay
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kbpc.bundle.keys import Keyring, Signer
@@ -21,12 +19,12 @@ from kbpc.bundle.keystore import generate_keys
 from kbpc.compiler import CompileRequest, compile_bundle
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
+from kbpc.testing.decode import decode_logits, differing_positions
 from kbpc.tools.shrink import shrink
 
 pytestmark = pytest.mark.gpu
 
 POSITIONS = 24
-TOKENS = [1, 5, 9, 200, 77, 3000, 12, 8, 431, 999, 17, 2048]
 
 
 @pytest.fixture(scope="module")
@@ -46,24 +44,7 @@ def bundles(tmp_path_factory, seed_path):
     return out, Keyring.load(keys.public)
 
 
-def _logits(path: Path, trust: Keyring) -> np.ndarray:
-    from kbpc.runtime.bundle_model import load_bundle_model
-    from kbpc.runtime.cuda_backend import CudaBackend
-
-    gpu = CudaBackend(load_bundle_model(path, trust), "synthetic:0", POSITIONS)
-    rows, token = [], TOKENS[0]
-    try:
-        for pos in range(POSITIONS):   # the prompt, then the build's own greedy tokens
-            logits, nxt = gpu.step(token)
-            rows.append(np.array(logits, copy=True))
-            token = TOKENS[pos + 1] if pos + 1 < len(TOKENS) else nxt
-    finally:
-        gpu.close()
-    return np.stack(rows)
-
-
 def test_pdl_gives_the_same_bits(bundles):
     paths, trust = bundles
-    with_pdl, without = _logits(paths[True], trust), _logits(paths[False], trust)
-    same = [bool(np.array_equal(a.view(np.uint32), b.view(np.uint32))) for a, b in zip(with_pdl, without)]
-    assert all(same), f"positions that differ: {[i for i, s in enumerate(same) if not s]}"
+    with_pdl, without = decode_logits(paths[True], trust, POSITIONS), decode_logits(paths[False], trust, POSITIONS)
+    assert not differing_positions(with_pdl, without), "positions that differ"

@@ -68,7 +68,8 @@ def test_latent_cache_is_fp32_and_quantizer_scratch_is_gone(plans):
 def test_quantizing_fusions_are_left_apart_with_the_reason(plans):
     plain, _ = plans
     off = [f for f in plain.fusions if not f.applied and "activation quantization is off" in f.reason]
-    assert off and all(f.rule in ("rms_norm_fp8_quant", "moe_layer", "kda_chain", "moe_swiglu_down") for f in off)
+    assert off and all(f.rule in ("rms_norm_fp8_quant", "moe_layer", "kda_chain", "moe_swiglu_down",
+                                  "moe_gate_up_swiglu") for f in off)
     assert not any(f.applied and f.rule == "rms_norm_fp8_quant" for f in plain.fusions)
 
 

@@ -8,7 +8,7 @@ import pytest
 from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import flt
 from kbpc.codegen.families import w4a16_gemv
-from kbpc.codegen.families._projection import linears
+from kbpc.codegen.families._projection import linears, prefetch_row_bytes
 from kbpc.testing.lowering import points_into, family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
@@ -117,14 +117,15 @@ def test_fast_forms(tiny_fast):
         k = ctx.input(nodes[0]).dim_value
         ns = [ctx.output(n).dim_value for n in nodes]
         ks, t = w4a16_gemv.mma_shape(sum(-(-n // 16) for n in ns), k)
+        pf = prefetch_row_bytes(ctx, sum(ns), k // 2, 1 / 8)
         (launch,) = launches
         assert launch.instance.header == "w4a16_mma.cuh" and launch.block == (32 * ks * t, 1, 1)
         assert launch.grid == (sum(-(-n // (16 * t)) for n in ns), 1, 1)
         if len(nodes) == 1:
-            assert launch.instance.kernel == f"kbp::w4a16_mma<{k}, {ks}, {t}>"
+            assert launch.instance.kernel == f"kbp::w4a16_mma<{k}, {ks}, {t}, {pf}>"
             assert launch.args[3:] == (ctx.buf(ctx.input(nodes[0])), ctx.buf(ctx.output(nodes[0])), lit(ns[0]))
         else:
-            assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}>"
+            assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}, {pf}>"
 
 
 def test_fast_shared_pair_is_not_the_default(tiny, tiny_fast):
@@ -217,3 +218,23 @@ def test_seed_projection_families(seed_path):
             launches = module.lower(ctx, g)
             assert unwritten(plan, g, launches) == [], (family, g.rule)
             assert all(0 < l.grid[0] < 2 ** 31 and 0 < l.grid[1] < 65536 for l in launches)
+
+
+def test_prefetch_budget(tiny_fast):
+    """prefetch_row_bytes: whole lines, never past a row, at most the target's budget for the launch,
+    none without PDL (no window before the dependency wait)."""
+    import dataclasses
+
+    from kbpc.codegen.context import LowerCtx
+    from kbpc.targets import get_target
+
+    plan, ctx = tiny_fast
+    budget = get_target(plan.options.target).l2_prefetch_bytes
+    for rows, row_bytes, side in [(4096, 4096, 1 / 8), (16, 1536, 0.0), (24576, 2048, 1 / 8), (1, 100, 0.0)]:
+        pf = prefetch_row_bytes(ctx, rows, row_bytes, side)
+        assert pf % 128 == 0 and 0 <= pf <= row_bytes
+        assert pf * rows * (1 + side) <= budget
+    assert prefetch_row_bytes(ctx, 16, 1536) == 1536                         # small: all of it
+    assert prefetch_row_bytes(ctx, 24576, 2048, 1 / 8) == budget // (24576 * 9 // 8) // 128 * 128
+    nopdl = dataclasses.replace(plan, options=dataclasses.replace(plan.options, pdl=False))
+    assert prefetch_row_bytes(LowerCtx(nopdl), 4096, 4096, 1 / 8) == 0

@@ -83,3 +83,36 @@ def test_swiglu_fused_into_down(tiny_path):
         assert slots.args[1] == lit(1) and slots.args[2:5] == rows
         assert set(quant_launch.nodes) | set(slots.nodes) == set(g.nodes)
         assert unwritten(plan, g, [quant_launch, slots]) == []
+
+
+def test_swiglu_in_the_gate_up_epilogue(tiny_path):
+    """Rule moe_gate_up_swiglu (opt-in): the gate/up group, the routed SwiGLU group and the down
+    group merge into three launches: the expert input's quantizer, the gate/up GEMV whose slots'
+    last CTAs write the quantized SwiGLU rows into the down quantizer's scratch, the down GEMV."""
+    plan = run_pipeline(load_blueprint(tiny_path), Options(add_fusions=("moe_gate_up_swiglu",)))
+    ctx = LowerCtx(plan)
+    bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
+    fused = [g for g in plan.groups if g.rule == "fused:moe_gate_up_swiglu"]
+    assert fused and all(g.family == "w4a4_mx_static" for g in fused)
+    for g in fused:
+        first, gate_up, slots = w4a4_mx_static.lower(ctx, g)
+        nodes = [bp.node_by_id[n] for n in g.nodes]
+        assert sorted(n.op for n in nodes) == sorted(("act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul",
+                                                      "act_quant", "expert_down"))
+        gu_node = next(n for n in nodes if n.op == "expert_gate_up")
+        act = next(n for n in nodes if n.op == "silu_mul")
+        down = next(n for n in nodes if n.op == "expert_down")
+        dq = bp.node(ctx.output(act).dst)
+        i, k = ctx.output(act).dim_value, ctx.input(gu_node).dim_value
+        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
+                ctx.state(f"{dq.id}.g", "float"))
+        assert first.instance.kernel == f"kbp::w4a4_quant_rows_static<{k}>"
+        assert gate_up.instance.kernel == f"kbp::w4a4_gemv_moe_gate_up_swiglu<{k}, {i}>"
+        assert gate_up.grid == (2 * i // 16, top_k, 1) and gate_up.args[1] == lit(top_k)
+        assert gate_up.args[8] == ctx.state(f"{gu_node.id}.rows", BF)
+        assert gate_up.args[9].value == pytest.approx(ctx.c.swiglu_limit)
+        assert gate_up.args[10] == ctx.weight_value(down, "input_scale") and gate_up.args[11:14] == rows
+        assert gate_up.args[14] == ctx.state(f"{gu_node.id}.arrive", "unsigned int")
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}>" and slots.args[1] == lit(1)
+        assert slots.args[2:5] == rows and slots.nodes == (down.id,)
+        assert unwritten(plan, g, [first, gate_up, slots]) == []

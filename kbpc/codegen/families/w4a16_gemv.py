@@ -13,6 +13,10 @@ Group forms, told apart by the group's nodes (not by rule names):
   the silu-input down GEMV on the clamped g^, u^ in FP32 (the reference's clamp_gate_up then
   w4a16_gemv_silu_input).
 
+Under PDL the fast one-linear and segment forms prefetch the first PF bytes of every weight row
+into L2 before their dependency wait (`prefetch_row_bytes`: the target's budget spread over the
+launch's rows).
+
 Numerics `fast` (Options.numerics): the forms run on FP16 tensor cores (kernels/w4a16_mma.cuh,
 bounds in kbpc.reference.gemv_bounds) where K % 32 == 0 and K <= MMA_MAX_K, with KS warps
 splitting K and T tiles per CTA from `mma_shape`; other shapes keep the exact kernels. The shared
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 from kbpc.codegen.args import Aggregate, lit
 from kbpc.codegen.context import LowerCtx, flt
-from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, require
+from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, prefetch_row_bytes, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node
@@ -114,7 +118,8 @@ def _gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     one_row(ctx, x, node)
     if _fast(ctx, k):
         ks, t = mma_shape(ctas(n), k)
-        inst = KernelInstance("w4a16_gemv", MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}>",
+        pf = prefetch_row_bytes(ctx, n, k // 2, 1 / 8)
+        inst = KernelInstance("w4a16_gemv", MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}, {pf}>",
                               (*W4, f"const {BF16}*", f"{BF16}*", "int"))
         return Launch(inst, grid=(-(-n // (16 * t)), 1, 1), block=(32 * ks * t, 1, 1), smem=0,
                       args=(*nvfp4_weight(ctx, node), ctx.buf(x), ctx.buf(y), lit(n)),
@@ -143,7 +148,8 @@ def _segments(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[Lau
         ns = [ctx.output(n).dim_value for n in part]
         if _fast(ctx, k):
             ks, t = mma_shape(sum(ctas(n) for n in ns), k)
-            kernel, grid, block = (f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(part)}>",
+            pf = prefetch_row_bytes(ctx, sum(ns), k // 2, 1 / 8)
+            kernel, grid, block = (f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(part)}, {pf}>",
                                    sum(-(-n // (16 * t)) for n in ns), (32 * ks * t, 1, 1))
             header = MMA_HEADER
         else:

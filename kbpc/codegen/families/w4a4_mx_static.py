@@ -15,6 +15,10 @@ w4a4_quant_rows_static, or, with rule moe_swiglu_down, w4a4_quant_swiglu_rows_st
 the routed clamped SwiGLU (rounded to BF16 as glm_swiglu_clamp stores it) and quantizes it in
 the same launch. w4a4_gemv_moe_slots then reads the rows: one 16-row tile per CTA, many small
 CTAs, which leaves room on every SM for the shared expert running beside it on another stream.
+With rule moe_gate_up_swiglu the gate/up launch also writes the down input
+(w4a4_gemv_moe_gate_up_swiglu: each slot's last CTA runs the SwiGLU + quantizer on the slot's
+[gate | up] row read back from L2), so a MoE layer's routed path is three launches (input
+quantizer, gate/up, down) instead of five.
 Same bytes as the unfused chain in every form."""
 from __future__ import annotations
 
@@ -107,8 +111,18 @@ def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
     if materialized(ctx, x):
         slots, div = _slot_shape(ctx, node, ids, ctx.rows(x))
         first = _quant_rows(ctx, group, quant, rows)
-    else:   # rule moe_swiglu_down
+        epilogue = _swiglu_epilogue(ctx, group, node)
+        if epilogue is not None:   # rule moe_gate_up_swiglu: the gate/up GEMV writes the down input
+            return [first, _gate_up_swiglu(ctx, group, node, ids, rows, div, *epilogue)]
+    else:
         clamp, act, gu = _fused_swiglu(ctx, group, x)
+        if not materialized(ctx, gu):   # rule moe_gate_up_swiglu: the gate/up launch's epilogue wrote the rows
+            require(ctx.bp.node(gu.src).id in group.nodes, f"{gu.id} has no buffer and no producer in this group",
+                    clamp)
+            slots, div = _slot_shape(ctx, node, ids, gu.rows_per_token * ctx.plan.options.batch)
+            require(div == 1, f"the gate/up epilogue writes one row per slot ({slots} slots)", node)
+            return [_slots(ctx, group, node, ids, rows, div, (node.id,))]
+        # rule moe_swiglu_down
         slots, div = _slot_shape(ctx, node, ids, ctx.rows(gu))
         require(div == 1, f"a fused SwiGLU input needs one row per slot ({slots} slots, {ctx.rows(gu)} rows)", node)
         first = Launch(quant_swiglu_instance(x.dim_value), grid=(slots, 1, 1), block=BLOCK, smem=0,
@@ -132,6 +146,53 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
                   group=group.id, nodes=nodes)
 
 
+def gate_up_swiglu_instance(k: int, i: int) -> KernelInstance:
+    """The routed gate/up slot GEMV with the SwiGLU and the down input's quantizer in its epilogue."""
+    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_gate_up_swiglu<{k}, {i}>",
+                          ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
+                           "const uint8_t*", "const float*", f"{BF16}*", "float", "float", "uint8_t*", "uint8_t*",
+                           "float*", "unsigned int*"))
+
+
+def _swiglu_epilogue(ctx: LowerCtx, group: LoweredGroup, gate_up: Node) -> tuple[Node, Node, Node] | None:
+    """(clamp, silu_mul, the down input's act_quant) when the group holds the SwiGLU that reads this
+    gate/up GEMV's output and the quantizer of its result, the output having no buffer (rule
+    moe_gate_up_swiglu); None otherwise."""
+    gu = ctx.output(gate_up)
+    if materialized(ctx, gu) or gu.dst is None:
+        return None
+    clamp = ctx.bp.node(gu.dst)
+    if clamp.op_base != "swiglu_clamp" or clamp.id not in group.nodes:
+        return None
+    act = ctx.bp.node(ctx.output(clamp).dst)
+    quant = ctx.bp.node(ctx.output(act).dst)
+    require(act.op_base == "silu_mul" and act.id in group.nodes and quant.op_base == "act_quant"
+            and quant.id in group.nodes, f"{clamp.id}: the fused SwiGLU does not end in this group's quantizer",
+            gate_up)
+    return clamp, act, quant
+
+
+def _gate_up_swiglu(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Quant, div: int,
+                    clamp: Node, act: Node, quant: Node) -> Launch:
+    """w4a4_gemv_moe_gate_up_swiglu: the slot GEMV into the node's [gate | up] scratch rows, each
+    slot's last CTA writing the clamped SwiGLU, quantized with the down projection's gamma, into
+    the down quantizer's scratch rows."""
+    a, gu, h = ctx.input(node), ctx.output(node), ctx.output(act)
+    k, n, i = a.dim_value, gu.dim_value, h.dim_value
+    require(k % 128 == 0 and n == 2 * i and i % 16 == 0,
+            f"gate/up epilogue needs K % 128 == 0 and N = 2I, I % 16 == 0 (K {k}, N {n}, I {i})", node)
+    require(ctx.c.swiglu_limit > 0, f"swiglu_limit must be positive, got {ctx.c.swiglu_limit}", clamp)
+    slots = ids.dim_value * ctx.rows(ids)
+    out = _scratch(ctx, quant)
+    weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
+    return Launch(gate_up_swiglu_instance(k, i), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
+                  args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
+                        ctx.state(f"{node.id}.rows", BF16), flt(ctx.c.swiglu_limit), _gamma(ctx, quant),
+                        out.codes, out.scales, out.globals, ctx.state(f"{node.id}.arrive", "unsigned int")),
+                  group=group.id, nodes=(node.id, clamp.id, act.id, quant.id),
+                  note="the slot GEMV, then each slot's last CTA: SwiGLU and the down input's NVFP4 rows")
+
+
 def _fused_swiglu(ctx: LowerCtx, group: LoweredGroup, h: Tensor) -> tuple[Node, Node, Tensor]:
     """(swiglu_clamp node, silu_mul node, the clamp's [gate | up] BF16 input) of the SwiGLU whose
     output h is fused into the down projection."""
@@ -142,7 +203,7 @@ def _fused_swiglu(ctx: LowerCtx, group: LoweredGroup, h: Tensor) -> tuple[Node, 
     clamp = ctx.bp.node(ctx.input(act).src)
     require(clamp.op_base == "swiglu_clamp" and clamp.id in group.nodes, f"{act.id} does not read a fused clamp", act)
     gu = ctx.input(clamp)
-    require(gu.format == "bf16" and gu.dim_value == 2 * k and materialized(ctx, gu),
+    require(gu.format == "bf16" and gu.dim_value == 2 * k,
             f"SwiGLU input {gu.id}: {gu.format} x {gu.dim_value}, want a BF16 [gate | up] row of {2 * k}", clamp)
     require(ctx.c.swiglu_limit > 0, f"swiglu_limit must be positive, got {ctx.c.swiglu_limit}", clamp)
     return clamp, act, gu
