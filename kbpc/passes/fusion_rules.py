@@ -86,6 +86,13 @@ def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     return chain_fits(bp, nodes)
 
 
+def _router_expert_quant_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The fused router's limits, and the quantizer is w4a4_quant_rows_static's form on the router's
+    own input (kbpc/codegen/families/glm_router_topk.py)."""
+    from kbpc.codegen.families.glm_router_topk import fused_quant_fits  # noqa: PLC0415  (codegen imports this table)
+    return fused_quant_fits(bp, nodes)
+
+
 def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The fused router's formats and limits (kbpc/codegen/families/glm_router_topk.py)."""
     from kbpc.codegen.families.glm_router_topk import fused_fits  # noqa: PLC0415  (codegen imports this table)
@@ -102,8 +109,9 @@ COMBINE_SLOWER = ("no gain measured in the step on an H200 (128-expert seed shri
                   "the shared expert's stream)")
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
-# so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
-# and router_gemv_topk do.
+# so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down,
+# router_expert_quant and router_gemv_topk do, and router_expert_quant takes the router + top-k
+# pair before router_gemv_topk (which serves it where router_expert_quant is refused).
 FUSION_RULES: tuple[FusionRule, ...] = (
     # Before the rules that take the blend's or the post-mix's group alone: a group joins one merge.
     FusionRule("moe_layer", "glm_moe_layer",
@@ -161,6 +169,21 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                                   "context: 6.80-7.03 ms a step with it, 6.76-7.09 ms without) for 42 launches "
                                   "fewer and a 0.3 ms shorter serialized profile; left opt-in until a build with it "
                                   "on has passed the end-to-end numerics checks on the GPU"),
+    # After moe_layer (which, asked for, takes these nodes first) and before router_gemv_topk (its
+    # router + top-k pair): a group joins one merge.
+    FusionRule("router_expert_quant", "glm_router_topk", ("router", "top_k", "act_quant", "expert_gate_up"),
+               "expert_gate_up",
+               "the fused router also quantizes the routed experts' input row (router_gemv_topk_quant, every "
+               "CTA a share of the NVFP4 groups, the bytes w4a4_quant_rows_static writes): one launch fewer "
+               "per MoE layer, the expert gate/up GEMV follows the router directly",
+               _router_expert_quant_fits,
+               # Single GPU only until a split plan has run with it on GPUs. place_collectives
+               # (kbpc/codegen/collectives.py) inserts an expert-parallel rank's own_experts id
+               # rewrite right after the last launch of a group that writes the ids: here the fused
+               # router, so it would land between that launch and the slot GEMV that reads the ids
+               # (a tp=2 tiny plan with this flag on shows exactly that order), but no rank has run
+               # it; router_gemv_topk keeps serving split plans, its rewrite after the group's one launch.
+               tensor_parallel=False),
     FusionRule("router_gemv_topk", "glm_router_topk", ("router", "top_k"), "top_k",
                "the MoE router GEMV and its top-k in one launch (the last CTA to finish ranks the logits): one "
                "launch and one full dependency fewer per MoE layer, the same bits", _router_topk_fits),
