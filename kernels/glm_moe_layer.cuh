@@ -167,12 +167,9 @@ __device__ __forceinline__ void moe_router_unit(int u, const __nv_bfloat16* xn, 
         dense_gemv_bf16_block<H, float>(w_router, xn + (size_t)t * H, logits + (size_t)t * E, E, b);
     } else {
         const int g = (b - EB) * MOE_THREADS + threadIdx.x;
-        if (g < NG) {
-            float v[16];
-            bf16x16_load(xn + (size_t)t * H + 16 * g, v);
-            nvfp4_quant_group(v, gamma, inv_g, reinterpret_cast<uint8_t*>(xq_codes + (size_t)t * NG + g),
-                              xq_scales + (size_t)t * NG + g);
-        }
+        if (g < NG)
+            nvfp4_quant_row_group(xn + (size_t)t * H, g, gamma, inv_g,
+                                  reinterpret_cast<uint8_t*>(xq_codes + (size_t)t * NG), xq_scales + (size_t)t * NG);
     }
 }
 

@@ -14,6 +14,11 @@
 //     uint32 that is zero at launch and left zero. grid (ceil(E / OPC), m), block 64 * OPC
 //     (OPC in {1, 2, 4}, 64 * OPC >= K), no dynamic smem. Launches that share `arrive` must not
 //     overlap (stream order, or PDL: nothing is touched before pdl_wait).
+//   kbp::router_gemv_topk_quant<H, E, K, OPC>(w, x, bias, routed_scale, logits, arrive, weights, ids,
+//                                             gamma, a_codes, a_scales, a_g)
+//     router_gemv_topk that also quantizes x to NVFP4 with the static global scale gamma, as
+//     w4a4_quant_rows_static<H> would (fusion rule router_expert_quant: the routed experts' input):
+//     a_codes [m][H/2], a_scales [m][H/16] E4M3, a_g [m] = gamma. H % 16 == 0; same grid and block.
 // Math (kbpc.reference.glm_router_topk; FP32, no FMA contraction)
 //   s_e = 1 / (1 + expf(-z_e)), chi_e = fl(s_e + b_e) (selection only). Candidates: chi not NaN and
 //   chi > -inf. Expert a beats b if chi_a > chi_b, or chi_a == chi_b and a < b; slot r holds the
@@ -27,9 +32,12 @@
 // implies K kept beaters, so counts below K are exact).
 // Fused form: every CTA computes OPC logits of one token with dense_gemv_bf16_block (the dense_bf16
 // family's device code and order, so the logits are the router GEMV's bits), then arrives at
-// `arrive` (kbp::last_to_arrive: CTA barrier, then an acq_rel atomic at GPU scope); the last CTA
-// to arrive resets it, stages every token's logits from L2 in shared memory and runs
-// router_topk_row on them. No CTA ever waits for another, so it cannot hang.
+// `arrive` (kbp::last_to_arrive: CTA barrier, fence, atomic add); the last CTA to arrive resets it,
+// stages every token's logits from L2 in shared memory and runs router_topk_row on them. No CTA
+// ever waits for another, so it cannot hang.
+// With the quantizer, each CTA of token t quantizes, after its GEMV (after pdl_wait), the 16-value
+// groups j = blockIdx.x * THREADS + threadIdx.x (+ gridDim.x * THREADS ...) of row t with
+// nvfp4_quant_row_group, the device function w4a4_quant_rows_static's nvfp4_quant_row applies.
 #pragma once
 
 #include <math.h>
@@ -38,6 +46,7 @@
 #include "dense_bf16.cuh"
 #include "kbp_common.cuh"
 #include "kbp_transcendental.cuh"
+#include "w4a4_mx.cuh"
 
 namespace kbp {
 
@@ -137,14 +146,9 @@ router_topk(const float* logits, const float* bias, float routed_scale,
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
 }
 
-// The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1, then, in the last
-// CTA, the top-k of every token (gridDim.y of them) over the logits read back from L2.
-template <int H, int E, int K, int OPC>
-__device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* w,
-                                                      const __nv_bfloat16* x,
-                                                      const float* bias, float routed_scale,
-                                                      float* logits, unsigned* arrive,
-                                                      float* weights, int* ids) {
+// The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1 (pdl_wait inside).
+template <int H, int E, int OPC>
+__device__ __forceinline__ void router_gemv_part(const __nv_bfloat16* w, const __nv_bfloat16* x, float* logits) {
     constexpr int THREADS = 64 * OPC;
     // The weight bytes dense_row_partial loads only after pdl_wait (beyond its first batch of
     // vectors) go to L2 first; x and everything else come after the dependency.
@@ -159,6 +163,14 @@ __device__ __forceinline__ void router_gemv_topk_body(const __nv_bfloat16* w,
     }
     const size_t t = blockIdx.y;
     dense_gemv_bf16_block<H, float, OPC>(w, x + t * H, logits + t * E, E, blockIdx.x);  // pdl_wait inside
+}
+
+// After a CTA's router outputs: arrive, and in the last CTA the top-k of every token (gridDim.y of
+// them) over the logits read back from L2.
+template <int E, int K, int OPC>
+__device__ __forceinline__ void router_topk_tail(const float* bias, float routed_scale, const float* logits,
+                                                 unsigned* arrive, float* weights, int* ids) {
+    constexpr int THREADS = 64 * OPC;
     pdl_launch_dependents();  // the next kernel may start; it waits for this grid in its pdl_wait
     if (!last_to_arrive(arrive, gridDim.x * gridDim.y)) return;
     __shared__ float z[E];
@@ -175,7 +187,37 @@ router_gemv_topk(const __nv_bfloat16* w, const __nv_bfloat16* x,
                  const float* bias, float routed_scale, float* logits, unsigned* arrive,
                  float* weights, int* ids) {
     // PDL: weights only before dense_row_partial's pdl_wait
-    router_gemv_topk_body<H, E, K, OPC>(w, x, bias, routed_scale, logits, arrive, weights, ids);
+    router_gemv_part<H, E, OPC>(w, x, logits);
+    router_topk_tail<E, K, OPC>(bias, routed_scale, logits, arrive, weights, ids);
+}
+
+// This CTA's share of token blockIdx.y's NVFP4 quantization with the static scale gamma: the
+// H / 16 groups spread over the token's gridDim.x CTAs by global thread index, each group as
+// nvfp4_quant_row(..., gamma) quantizes it (the same device function, gamma and 1/gamma), so
+// codes, scales and a_g[t] = gamma are w4a4_quant_rows_static's bytes. Call after pdl_wait.
+template <int H, int THREADS>
+__device__ __forceinline__ void router_quant_share(const __nv_bfloat16* x, float gamma, uint8_t* a_codes,
+                                                   uint8_t* a_scales, float* a_g) {
+    static_assert(H % 16 == 0, "NVFP4 groups are 16 values");
+    // Every thread waits itself: dense_gemv_bf16_block waits only in the threads that own a row.
+    pdl_wait();
+    const size_t t = blockIdx.y;
+    const float inv_g = __fdiv_rn(1.0f, gamma);
+    for (int j = blockIdx.x * THREADS + threadIdx.x; j < H / 16; j += gridDim.x * THREADS)
+        nvfp4_quant_row_group(x + t * H, j, gamma, inv_g, a_codes + t * (H / 2), a_scales + t * (H / 16));
+    if (blockIdx.x == 0 && threadIdx.x == 0) a_g[t] = gamma;
+}
+
+template <int H, int E, int K, int OPC>
+__global__ void __launch_bounds__(64 * OPC)
+router_gemv_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
+                       const float* bias, float routed_scale, float* logits, unsigned* arrive,
+                       float* weights, int* ids, float gamma, uint8_t* a_codes, uint8_t* a_scales,
+                       float* a_g) {
+    // PDL: weights only before dense_row_partial's pdl_wait; x is read after it
+    router_gemv_part<H, E, OPC>(w, x, logits);
+    router_quant_share<H, 64 * OPC>(x, gamma, a_codes, a_scales, a_g);
+    router_topk_tail<E, K, OPC>(bias, routed_scale, logits, arrive, weights, ids);
 }
 
 }  // namespace kbp

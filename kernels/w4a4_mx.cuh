@@ -125,6 +125,16 @@ __device__ __forceinline__ void bf16x16_load(const __nv_bfloat16* p, float (&v)[
     for (int i = 0; i < 8; ++i) { v[2 * i] = __uint_as_float(u[i] << 16); v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
 }
 
+// Group j (16 values) of the BF16 row x quantized with global scale g (1/g = inv_g) into the row's
+// codes (8 bytes at 8j) and scales (byte j): what nvfp4_quant_row does to that group, for kernels
+// that spread a row's groups over other threads (the fused routers).
+__device__ __forceinline__ void nvfp4_quant_row_group(const __nv_bfloat16* x, int j, float g, float inv_g,
+                                                      uint8_t* codes, uint8_t* scales) {
+    float v[16];
+    bf16x16_load(x + 16 * j, v);
+    nvfp4_quant_group(v, g, inv_g, codes + 8 * j, scales + j);
+}
+
 // Quantize a row with global scale g (static) or the row's dynamic one (g < 0 on entry).
 template <int K>
 __device__ __forceinline__ void nvfp4_quant_row(const __nv_bfloat16* x, uint8_t* codes, uint8_t* scales,

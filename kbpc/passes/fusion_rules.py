@@ -97,6 +97,13 @@ def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     return chain_fits(bp, nodes)
 
 
+def _router_expert_quant_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The fused router's limits, and the quantizer is w4a4_quant_rows_static's form on the router's
+    own input (kbpc/codegen/families/glm_router_topk.py)."""
+    from kbpc.codegen.families.glm_router_topk import fused_quant_fits  # noqa: PLC0415  (codegen imports this table)
+    return fused_quant_fits(bp, nodes)
+
+
 def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The fused router's formats and limits (kbpc/codegen/families/glm_router_topk.py)."""
     from kbpc.codegen.families.glm_router_topk import fused_fits  # noqa: PLC0415  (codegen imports this table)
@@ -113,8 +120,11 @@ COMBINE_SLOWER = ("no gain measured in the step on an H200 (128-expert seed shri
                   "the shared expert's stream)")
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
-# so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down
-# and router_gemv_topk do, and moe_swiglu_down, when asked for, before moe_gate_up_swiglu.
+# so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down,
+# router_expert_quant and router_gemv_topk do; moe_swiglu_down, when asked for, before
+# moe_gate_up_swiglu, and that, when asked for, before router_expert_quant (whose router + top-k pair
+# router_gemv_topk then serves); router_expert_quant takes the router + top-k pair before
+# router_gemv_topk (which serves it where router_expert_quant is refused).
 FUSION_RULES: tuple[FusionRule, ...] = (
     # Before the rules that take the blend's or the post-mix's group alone: a group joins one merge.
     FusionRule("moe_layer", "glm_moe_layer",
@@ -183,6 +193,21 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                                   "bit-equal; the gate/up launch takes ~35 us against ~27 us + 6 us for the GEMV "
                                   "and the two launches it replaces: every CTA's fence and arrival keeps it "
                                   "resident longer)"),
+    # After moe_layer (which, asked for, takes these nodes first) and before router_gemv_topk (its
+    # router + top-k pair): a group joins one merge.
+    FusionRule("router_expert_quant", "glm_router_topk", ("router", "top_k", "act_quant", "expert_gate_up"),
+               "expert_gate_up",
+               "the fused router also quantizes the routed experts' input row (router_gemv_topk_quant, every "
+               "CTA a share of the NVFP4 groups, the bytes w4a4_quant_rows_static writes): one launch fewer "
+               "per MoE layer, the expert gate/up GEMV follows the router directly",
+               _router_expert_quant_fits,
+               # Single GPU only until a split plan has run with it on GPUs. place_collectives
+               # (kbpc/codegen/collectives.py) inserts an expert-parallel rank's own_experts id
+               # rewrite right after the last launch of a group that writes the ids: here the fused
+               # router, so it would land between that launch and the slot GEMV that reads the ids
+               # (a tp=2 tiny plan with this flag on shows exactly that order), but no rank has run
+               # it; router_gemv_topk keeps serving split plans, its rewrite after the group's one launch.
+               tensor_parallel=False),
     FusionRule("router_gemv_topk", "glm_router_topk", ("router", "top_k"), "top_k",
                "the MoE router GEMV and its top-k in one launch (the last CTA to finish ranks the logits): one "
                "launch and one full dependency fewer per MoE layer, the same bits", _router_topk_fits),

@@ -1,5 +1,6 @@
 """The fast and small-N GEMV forms (the fast shared-expert pair too), and the fused router GEMV +
-top-k (router_gemv_topk, as the lowering instantiates it), instantiate at the seed's shapes and at
+top-k (router_gemv_topk, and router_gemv_topk_quant, which also quantizes the experts' input, as
+the lowering instantiates them), instantiate at the seed's shapes and at
 odd legal shapes, for sm_90a (the real build flags; no register spills) and sm_121a (compile only,
 -O1)."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kbpc.codegen.families.glm_router_topk import fused_instance
+from kbpc.codegen.families.glm_router_topk import fused_instance, fused_quant_instance
 from kbpc.codegen.families.w4a16_gemv import pair_instance, pair_shapes
 from kbpc.toolchain.nvcc import BASE_FLAGS, KERNELS_DIR, nvcc_path
 
@@ -44,11 +45,13 @@ template __global__ void kbp::dense_gemv_bf16_opc<520, {BF}, 2>(const {BF}*, con
 # (hidden, experts, top k): the seed, its 128-expert shrink, the tiny example, a row past the GEMV's
 # first load batch, the top-k's limits, odd sizes.
 ROUTERS = [(4096, 288, 8), (4096, 128, 8), (256, 8, 2), (6144, 256, 8), (1024, 1024, 32), (104, 33, 4), (512, 700, 8)]
+# The quantizing form needs whole NVFP4 groups (hidden % 16): the same, with a 208-wide odd row.
+QUANT_ROUTERS = [r for r in ROUTERS if r[0] % 16 == 0] + [(208, 33, 4)]
 # (k, i, n) of fast shared-expert pairs as the lowering shapes them: the seed's, a 512-thread phase,
 # the largest K and I (static shared memory: one staging buffer for both phases).
 PAIRS = [(4096, 2048, 4096), (2176, 96, 37), (8192, 1024, 520), (20480, 20480, 4096)]
 SOURCE += "".join(f"template __global__ void {i.kernel}({', '.join(i.params)});\n"
-                  for i in [fused_instance(*r) for r in ROUTERS] +
+                  for i in [fused_instance(*r) for r in ROUTERS] + [fused_quant_instance(*r) for r in QUANT_ROUTERS] +
                   [pair_instance(k, i, pair_shapes(k, i, n)) for k, i, n in PAIRS])
 
 

@@ -82,11 +82,14 @@ def test_hc_expand_and_head_merge(tiny_bp):
         assert set(g.nodes) == {n for m in g.fused_from for b in before.groups if b.id == m for n in b.nodes}
 
 
+NO_RQ = ("router_expert_quant",)   # leaves the router + top-k pair to router_gemv_topk
+
+
 def test_router_gemv_merges_into_its_top_k(tiny_bp):
     """Before: the router GEMV (dense_bf16) and the top-k (glm_router_topk) are two groups joined by
     the logits edge. After: one glm_router_topk group per MoE block holding exactly those two nodes,
     the logits edge without a buffer (nothing else reads it), the weights and ids still buffers."""
-    before = _before(tiny_bp, add_fusions=())
+    before = _before(tiny_bp, add_fusions=(), skip_fusions=NO_RQ)
     routers = {g.id: g for g in before.groups if _ops(tiny_bp, g) == ["router"]}
     top_ks = {g.id: g for g in before.groups if _ops(tiny_bp, g) == ["top_k"]}
     moe_blocks = {n.block for n in tiny_bp.nodes() if n.op == "top_k"}
@@ -102,7 +105,7 @@ def test_router_gemv_merges_into_its_top_k(tiny_bp):
         assert g.nodes == routers[router_id].nodes + top_ks[top_k_id].nodes
         assert g.variant == "cuda_core"
     assert not any(g.id in top_ks for g in after.groups)
-    plan = run_pipeline(tiny_bp, Options())
+    plan = run_pipeline(tiny_bp, Options(skip_fusions=NO_RQ))
     names = {b.name for b in plan.buffers}
     state = {s.name for s in plan.state}
     for block in moe_blocks:
@@ -118,7 +121,7 @@ def test_router_gemv_topk_refusals(tiny_bp):
     asked = fuse_groups(_before(tiny_bp))
     assert not any(g.rule == "fused:router_gemv_topk" for g in asked.groups)
     assert any(g.rule == "fused:moe_layer" for g in asked.groups)
-    skipped = fuse_groups(_before(tiny_bp, add_fusions=(), skip_fusions=("router_gemv_topk",)))
+    skipped = fuse_groups(_before(tiny_bp, add_fusions=(), skip_fusions=(*NO_RQ, "router_gemv_topk")))
     mine = [f for f in skipped.fusions if f.rule == "router_gemv_topk"]
     assert mine and all(not f.applied and "skipped" in f.reason for f in mine)
     from kbpc.passes.fusion_rules import FUSION_RULES as rules
@@ -173,11 +176,13 @@ def test_plan_after_fusion(tiny_bp):
 
 
 def test_every_rule_lowers(tiny_bp):
-    """Every rule is applied and lowered in the default plan, with all opt-in rules, or with one
-    opt-in rule alone (moe_layer takes the groups
-    moe_combine_hc, moe_swiglu_down and router_gemv_topk would merge)."""
+    """Every rule is applied and lowered in the default plan, with all opt-in rules, with one
+    opt-in rule alone (moe_layer takes the groups moe_combine_hc, moe_swiglu_down,
+    router_expert_quant and router_gemv_topk would merge), or without router_expert_quant (which
+    takes router_gemv_topk's pair) or activation quantization (which refuses it)."""
     served = set()
-    for options in (Options(), Options(add_fusions=OPT_IN_RULES), *(Options(add_fusions=(r,)) for r in OPT_IN_RULES)):
+    for options in (Options(), Options(add_fusions=OPT_IN_RULES), *(Options(add_fusions=(r,)) for r in OPT_IN_RULES),
+                    Options(skip_fusions=("router_expert_quant",)), Options(act_quant=False)):
         plan = run_pipeline(tiny_bp, options)
         ctx = LowerCtx(plan)
         for g in plan.groups:
@@ -299,3 +304,104 @@ def test_opt_in_rules_apply_only_on_request(tiny_bp):
         assert mine and not any(f.applied for f in mine) and any("opt-in" in f.reason for f in mine)
         asked = run_pipeline(tiny_bp, Options(add_fusions=(name,)))
         assert any(f.applied for f in asked.fusions if f.rule == name)
+
+
+# ------------------------------------------------------------------ router_expert_quant
+
+RQ_OPS = sorted(["router", "top_k", "act_quant", "expert_gate_up"])
+
+
+def _moe_nodes(bp, block: str) -> dict[str, object]:
+    """The router, top_k, the routed experts' input quantizer and gate/up node of one MoE block."""
+    nodes = [n for n in bp.nodes() if n.block == block]
+    gate_up = next(n for n in nodes if n.op == "expert_gate_up")
+    quant = bp.node(next(t for t in bp.inputs(gate_up.order) if t.format == "nvfp4/g16").src)
+    return {"router": next(n for n in nodes if n.op == "router"), "top_k": next(n for n in nodes if n.op == "top_k"),
+            "quant": quant, "gate_up": gate_up}
+
+
+def test_router_expert_quant_merges(tiny_bp):
+    """Before: router GEMV | top-k | {act_quant, expert_gate_up}, three groups. After (default): one
+    glm_router_topk group per MoE block holding exactly their nodes (ids from the three groups, the
+    router's the lowest), the logits edge without a buffer, the ids and weights still buffers (the
+    down projection and the combine read them), the quantizer's rows in its scratch state; two
+    launches fewer per MoE block than the blueprint's groups, one fewer than router_gemv_topk."""
+    from kbpc.codegen.emit import build_step
+    before = _before(tiny_bp, add_fusions=())
+    by_id = {g.id: g for g in before.groups}
+    moe_blocks = sorted({n.block for n in tiny_bp.nodes() if n.op == "top_k"})
+    after = fuse_groups(before)
+    merged = [g for g in after.groups if g.rule == "fused:router_expert_quant"]
+    assert len(merged) == len(moe_blocks) > 0
+    for g, block in zip(merged, moe_blocks):
+        m = _moe_nodes(tiny_bp, block)
+        router_id, top_k_id, gate_up_id = g.fused_from
+        assert g.id == router_id and _ops(tiny_bp, g) == RQ_OPS
+        assert by_id[router_id].nodes == (m["router"].id,) and by_id[top_k_id].nodes == (m["top_k"].id,)
+        assert set(by_id[gate_up_id].nodes) == {m["quant"].id, m["gate_up"].id}
+        assert g.nodes == (m["router"].id, m["top_k"].id, m["quant"].id, m["gate_up"].id)
+        assert (g.family, g.variant) == ("glm_router_topk", "cuda_core")
+    assert not any(g.rule == "fused:router_gemv_topk" for g in after.groups)
+    plan = run_pipeline(tiny_bp, Options(), verify=True)
+    names, state = {b.name for b in plan.buffers}, {s.name for s in plan.state}
+    for block in moe_blocks:
+        assert f"{block}.gate.logits" not in names
+        assert {f"{block}.top_k.topk_w", f"{block}.top_k.topk_id"} <= names
+        assert {f"{block}.xn_quant.codes", f"{block}.xn_quant.scales", f"{block}.xn_quant.g"} <= state
+    count = {k: sum(len(g.launches) for g in build_step(run_pipeline(tiny_bp, o), "x").groups)
+             for k, o in (("on", Options()), ("off", Options(skip_fusions=NO_RQ)))}
+    assert count["on"] == count["off"] - len(moe_blocks)
+
+
+def test_router_expert_quant_check(tiny_bp):
+    """The check accepts each MoE block's four nodes and says why not when the quantizer reads
+    another row, writes another format, feeds an expert without a static scale, or the router is
+    not the fused router's BF16 GEMV."""
+    import dataclasses as dc
+    rule = next(r for r in FUSION_RULES if r.name == "router_expert_quant")
+    assert not rule.tensor_parallel and rule.default
+    blocks = sorted({n.block for n in tiny_bp.nodes() if n.op == "top_k"})
+    m = _moe_nodes(tiny_bp, blocks[0])
+    nodes = [m["router"], m["top_k"], m["quant"], m["gate_up"]]
+    assert rule.check(tiny_bp, nodes) is None
+    other = _moe_nodes(tiny_bp, blocks[1])["quant"]
+    assert "does not quantize" in rule.check(tiny_bp, [m["router"], m["top_k"], other, m["gate_up"]])
+    fp8 = dc.replace(m["router"], precision=dc.replace(m["router"].precision, weight="fp8/channel"))
+    assert "not a BF16 GEMV" in rule.check(tiny_bp, [fp8, m["top_k"], m["quant"], m["gate_up"]])
+
+    class Rewired:  # the blueprint with one tensor edge or node changed
+        def __init__(self, edge=None, node=None):
+            self.edge, self.nd = edge, node
+
+        def inputs(self, order):
+            return tiny_bp.inputs(order)
+
+        def outputs(self, order):
+            out = tiny_bp.outputs(order)
+            return [self.edge(t) for t in out] if self.edge and order == m["quant"].order else out
+
+        def node(self, order):
+            n = tiny_bp.node(order)
+            return self.nd(n) if self.nd and order == m["gate_up"].order else n
+    fp8_rows = Rewired(edge=lambda t: dc.replace(t, format="fp8/token"))
+    assert "does not write nvfp4/g16" in rule.check(fp8_rows, nodes)
+    dynamic = Rewired(node=lambda n: dc.replace(n, family="w4a4_mx"))
+    assert "static input scale" in rule.check(dynamic, nodes)
+
+
+def test_router_expert_quant_refusals(tiny_bp):
+    """moe_layer, asked for, takes the nodes first; --no-act-quant refuses the rule with the
+    quantizing fusions' reason (router_gemv_topk then merges the pair); a split plan refuses it
+    (router_gemv_topk serves the ranks); --no-fuse-rule leaves it apart."""
+    def records(options):
+        plan = run_pipeline(tiny_bp, options)
+        return plan, [f for f in plan.fusions if f.rule == "router_expert_quant"]
+    plan, mine = records(Options(add_fusions=("moe_layer",)))
+    assert any(g.rule == "fused:moe_layer" for g in plan.groups)
+    assert not any(g.rule in ("fused:router_expert_quant", "fused:router_gemv_topk") for g in plan.groups)
+    for options, reason in ((Options(act_quant=False), "activation quantization is off (--no-act-quant)"),
+                            (Options(tp=2), "no tensor-parallel variant"),
+                            (Options(skip_fusions=NO_RQ), "skipped (--no-fuse-rule router_expert_quant)")):
+        plan, mine = records(options)
+        assert mine and all(not f.applied and reason in f.reason for f in mine), options
+        assert sum(g.rule == "fused:router_gemv_topk" for g in plan.groups) == len(mine)

@@ -1,4 +1,5 @@
-"""Lowering of glm_router_topk groups (glm_router_topk_rank_kda / _dsa) on the tiny blueprint."""
+"""Lowering of glm_router_topk groups (glm_router_topk_rank_kda / _dsa) on the tiny blueprint, and of
+the merged groups of rules router_gemv_topk and router_expert_quant."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,14 +51,19 @@ def test_renorm_eps_must_match_the_kernel(tiny):
 
 # ------------------------------------------------------------------ fused:router_gemv_topk
 
-@pytest.fixture(scope="module")
-def tiny_default(tiny_path):
-    """The default plan: router_gemv_topk merges every MoE block's router GEMV into its top-k."""
+def _plan(path, **opts):
     from kbpc.frontend.load import load_blueprint
     from kbpc.ir.plan import Options
     from kbpc.passes import run_pipeline
-    plan = run_pipeline(load_blueprint(tiny_path), Options())
+    plan = run_pipeline(load_blueprint(path), Options(**opts))
     return plan, LowerCtx(plan)
+
+
+@pytest.fixture(scope="module")
+def tiny_default(tiny_path):
+    """The default plan without router_expert_quant: router_gemv_topk merges every MoE block's
+    router GEMV into its top-k."""
+    return _plan(tiny_path, skip_fusions=("router_expert_quant",))
 
 
 def test_fused_router_launch(tiny_default):
@@ -116,3 +122,68 @@ def test_fused_refuses_other_renorm_eps(tiny_default):
     g = next(g for g in family_groups(plan, "glm_router_topk") if g.rule == "fused:router_gemv_topk")
     with pytest.raises(LoweringError, match="router_renorm_eps"):
         glm_router_topk.lower(ctx, g)
+
+
+# ------------------------------------------------------------------ fused:router_expert_quant
+
+@pytest.fixture(scope="module")
+def tiny_rq(tiny_path):
+    """The default plan: router_expert_quant merges the router, top-k, the experts' input quantizer
+    and the gate/up GEMV of every MoE block."""
+    return _plan(tiny_path)
+
+
+def _same_arg(a, b) -> bool:
+    """Equal launch arguments, arena pointers by buffer and type (two plans may place them apart)."""
+    from kbpc.codegen.args import ArenaPtr
+    if isinstance(a, ArenaPtr) and isinstance(b, ArenaPtr):
+        return (a.buffer, a.ctype) == (b.buffer, b.ctype)
+    return a == b
+
+
+def test_router_expert_quant_launches(tiny_rq, tiny_default):
+    """Two launches per merged group: router_gemv_topk_quant with the fused router's arguments, then
+    gamma and the quantizer's scratch rows (what w4a4_quant_rows_static gets in the unfused plan),
+    and the gate/up slot GEMV exactly as the unfused group lowers it."""
+    from kbpc.codegen.families import lower_group, w4a4_mx_static
+    plan, ctx = tiny_rq
+    plain, plain_ctx = tiny_default
+    groups = [g for g in plan.groups if g.rule == "fused:router_expert_quant"]
+    assert groups and len(groups) == len(family_groups(plan, "glm_router_topk"))
+    for g in groups:
+        route, slots = glm_router_topk.lower(ctx, g)
+        router, node, quant, expert = (ctx.node(g, op) for op in ("router", "top_k", "act_quant", "expert_gate_up"))
+        h, e, k = ctx.input(router).dim_value, ctx.input(node).dim_value, plan.blueprint.symbols["top_k"]
+        opc = glm_router_topk.fused_outputs_per_cta(e)
+        assert route.instance == glm_router_topk.fused_quant_instance(h, e, k)
+        assert route.instance.kernel == f"kbp::router_gemv_topk_quant<{h}, {e}, {k}, {opc}>"
+        assert route.instance.params == glm_router_topk.FUSED_PARAMS + ("float", "uint8_t*", "uint8_t*", "float*")
+        assert (route.grid, route.block, route.smem) == ((-(-e // opc), 1, 1), (64 * opc, 1, 1), 0)
+        assert route.nodes == (router.id, node.id, quant.id)
+        rows = (ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
+                ctx.state(f"{quant.id}.g", "float"))
+        gamma = ctx.weight_value(expert, "input_scale")
+        fused = next(x for x in plain.groups if x.rule == "fused:router_gemv_topk" and router.id in x.nodes)
+        (plain_route,) = glm_router_topk.lower(plain_ctx, fused)
+        assert all(_same_arg(a, b) for a, b in zip(route.args, (*plain_route.args, gamma, *rows), strict=True))
+        assert route.args[1] == ctx.buf(ctx.input(quant))   # the quantizer's row is the router's
+        apart = next(x for x in plain.groups if expert.id in x.nodes)
+        quant_rows, plain_slots = lower_group(plain_ctx, apart)
+        assert quant_rows.instance.kernel == f"kbp::w4a4_quant_rows_static<{h}>"
+        assert all(_same_arg(a, b) for a, b in zip(route.args[-4:], quant_rows.args[1:], strict=True))
+        assert slots.instance == plain_slots.instance == w4a4_mx_static.slots_instance(h)
+        assert (slots.grid, slots.block, slots.smem, slots.nodes) == (
+            plain_slots.grid, plain_slots.block, plain_slots.smem, (expert.id,))
+        assert all(_same_arg(a, b) for a, b in zip(slots.args, plain_slots.args, strict=True))
+        assert slots.args[2:5] == rows and slots.group == route.group == g.id
+        assert unwritten(plan, g, [route, slots]) == []
+
+
+def test_router_expert_quant_refuses_another_row(tiny_rq):
+    """A merged group whose quantizer does not read the router's input is a lowering error."""
+    import dataclasses as dc
+    plan, ctx = tiny_rq
+    g, other = [g for g in plan.groups if g.rule == "fused:router_expert_quant"][:2]
+    swapped = dc.replace(g, nodes=(g.nodes[0], g.nodes[1], *other.nodes[2:]))
+    with pytest.raises(LoweringError, match="does not quantize"):
+        glm_router_topk.lower(ctx, swapped)

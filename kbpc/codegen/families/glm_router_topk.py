@@ -7,22 +7,28 @@
   router_gemv_topk launch, the router GEMV in the dense_bf16 family's device code and order (the
   same logits bits) over ceil(E / OPC) x rows CTAs, then the top-k in the last CTA to finish. The
   logits go to their buffer when a group outside reads them, else to the top_k node's scratch
-  state; the arrival counter is state too (kbpc.ir.state.router_state: zero at reset, left zero)."""
+  state; the arrival counter is state too (kbpc.ir.state.router_state: zero at reset, left zero).
+- fused:router_expert_quant (router, top_k, the routed experts' act_quant and expert_gate_up):
+  router_gemv_topk_quant, the fused router whose CTAs also quantize the router's input row to
+  NVFP4 with the experts' static scale into the quantizer's scratch rows (the bytes
+  w4a4_quant_rows_static writes), then the slot GEMV as w4a4_mx_static lowers it (routed_slots)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.families import w4a4_mx_static
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families.dense_bf16 import outputs_per_cta
 from kbpc.codegen.families.dsa_state import state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
-from kbpc.ir.state import router_state
+from kbpc.ir.state import ROUTED_EXPERT_OPS, router_state
 
 if TYPE_CHECKING:
     from kbpc.ir.graph import Blueprint
@@ -33,6 +39,7 @@ MAX_EXPERTS, MAX_SLOTS = 1024, 32       # router_topk_row's limits
 FUSED_EXPERTS_PER_THREAD = 4            # the fused top-k's CTA plays at most this many experts a thread
 FUSED_PARAMS = ("const __nv_bfloat16*", "const __nv_bfloat16*", "const float*", "float", "float*",
                 "unsigned int*", "float*", "int*")
+QUANT_PARAMS = ("float", "uint8_t*", "uint8_t*", "float*")   # gamma, codes, scales, global scales
 
 
 def router_threads(experts: int) -> int:
@@ -54,6 +61,13 @@ def fused_instance(hidden: int, experts: int, k: int) -> KernelInstance:
     opc = fused_outputs_per_cta(experts)
     return KernelInstance("glm_router_topk", HEADER, f"kbp::router_gemv_topk<{hidden}, {experts}, {k}, {opc}>",
                           FUSED_PARAMS)
+
+
+def fused_quant_instance(hidden: int, experts: int, k: int) -> KernelInstance:
+    """router_gemv_topk_quant: the fused router that also quantizes its input (rule router_expert_quant)."""
+    opc = fused_outputs_per_cta(experts)
+    return KernelInstance("glm_router_topk", HEADER,
+                          f"kbp::router_gemv_topk_quant<{hidden}, {experts}, {k}, {opc}>", FUSED_PARAMS + QUANT_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -85,9 +99,15 @@ def _top_k(ctx: LowerCtx, group: LoweredGroup) -> _TopK:
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     t = _top_k(ctx, group)
-    routers = [n for n in ctx.nodes(group) if n.op == "router"]
-    require(len(ctx.nodes(group)) == 1 + len(routers) and len(routers) <= 1,
-            f"glm_router_topk has no kernel for the nodes {sorted(n.op for n in ctx.nodes(group))}", group)
+    nodes = ctx.nodes(group)
+    routers = [n for n in nodes if n.op == "router"]
+    quants = [n for n in nodes if n.op_base == "act_quant"]
+    experts = [n for n in nodes if n.op == "expert_gate_up"]
+    require(len(nodes) == 1 + len(routers) + len(quants) + len(experts) and len(routers) <= 1
+            and len(quants) == len(experts) <= len(routers),
+            f"glm_router_topk has no kernel for the nodes {sorted(n.op for n in nodes)}", group)
+    if experts:
+        return _fused_quant(ctx, group, routers[0], t, experts[0])
     if routers:
         return [_fused(ctx, group, routers[0], t)]
     inst = KernelInstance("glm_router_topk", HEADER, f"kbp::router_topk<{t.experts}, {t.slots}>",
@@ -120,6 +140,23 @@ def _fused(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK) -> Launch
                   group=group.id, nodes=(router.id, t.node.id))
 
 
+def _fused_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK, expert: Node) -> list[Launch]:
+    """router_gemv_topk_quant (the fused router, its CTAs also quantizing the router's input into the
+    act_quant's scratch rows as w4a4_quant_rows_static would), then the experts' slot GEMV on them."""
+    quant, x, rows = w4a4_mx_static.fused_input(ctx, group, expert)
+    w4a4_mx_static.quant_rows_input(ctx, quant)   # the separate quantizer's layout requirements
+    xr = ctx.input(router)
+    require((x.id, x.src) == (xr.id, xr.src), f"{quant.id} does not quantize {router.id}'s input", quant)
+    ids = w4a4_mx_static.expert_ids(ctx, expert)
+    require(ids.src == t.node.order, f"{expert.id} does not read {t.node.id}'s expert ids", expert)
+    route = _fused(ctx, group, router, t)
+    route = dataclasses.replace(route, instance=fused_quant_instance(xr.dim_value, t.experts, t.slots),
+                                args=(*route.args, w4a4_mx_static.gamma(ctx, quant), rows.codes, rows.scales,
+                                      rows.globals),
+                                nodes=(*route.nodes, quant.id))
+    return [route, w4a4_mx_static.routed_slots(ctx, group, expert, rows, ctx.rows(x))]
+
+
 def fused_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """Why router_gemv_topk cannot serve a router + top_k pair (None: it can): the top_k reads the
     router's FP32 logits, the router is a BF16 x BF16 GEMV of a multiple-of-8 row, and the sizes
@@ -138,4 +175,29 @@ def fused_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     k = max((t.dim_value for t in bp.outputs(top_k.order)), default=0)
     if not (1 <= e <= MAX_EXPERTS and 1 <= k <= min(MAX_SLOTS, e)):
         return f"{e} experts, top {k}: the top-k takes E <= {MAX_EXPERTS}, K <= {MAX_SLOTS}"
+    return None
+
+
+def fused_quant_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """Why router_gemv_topk_quant cannot serve a router + top_k + act_quant + expert_gate_up merge
+    (None: it can): the router + top_k pair fits the fused router (fused_fits), the act_quant reads
+    the router's own input (the same tensor from the same producer) and w4a4_quant_rows_static's
+    form serves it (nvfp4/g16 with the expert's static scale), and the expert GEMV reads that
+    quantizer's rows and this top-k's ids."""
+    router = next(n for n in nodes if n.op == "router")
+    top_k = next(n for n in nodes if n.op == "top_k")
+    quant = next(n for n in nodes if n.op_base == "act_quant")
+    expert = next(n for n in nodes if n.op_base in ROUTED_EXPERT_OPS)
+    why = fused_fits(bp, [router, top_k])
+    if why:
+        return why
+    xr, xq = bp.inputs(router.order)[0], bp.inputs(quant.order)
+    if len(xq) != 1 or (xq[0].id, xq[0].src) != (xr.id, xr.src):
+        return f"{quant.id} does not quantize {router.id}'s input"
+    why = w4a4_mx_static.static_quant_fits(bp, quant)
+    if why:
+        return why
+    srcs = {t.src for t in bp.inputs(expert.order)}
+    if srcs != {quant.order, top_k.order}:
+        return f"{expert.id} does not read {quant.id}'s rows and {top_k.id}'s ids alone"
     return None

@@ -13,14 +13,17 @@ against 27 us for the GEMV on quantized rows): an act_quant fused into the exper
 its rows into the quantizer's scratch state (kbpc.ir.state.routed_quant_rows) with
 w4a4_quant_rows_static, or, with rule moe_swiglu_down, w4a4_quant_swiglu_rows_static computes
 the routed clamped SwiGLU (rounded to BF16 as glm_swiglu_clamp stores it) and quantizes it in
-the same launch. w4a4_gemv_moe_slots then reads the rows: one 16-row tile per CTA, many small
-CTAs, which leaves room on every SM for the shared expert running beside it on another stream.
-With rule moe_gate_up_swiglu the gate/up launch also writes the down input
-(w4a4_gemv_moe_gate_up_swiglu: each slot's last CTA runs the SwiGLU + quantizer on the slot's
-[gate | up] row read back from L2), so a MoE layer's routed path is three launches (input
-quantizer, gate/up, down) instead of five.
+the same launch, or, with rule router_expert_quant, the fused router (glm_router_topk.py) quantizes
+them beside its GEMV and routed_slots serves the merged group's slot GEMV. w4a4_gemv_moe_slots then
+reads the rows: one 16-row tile per CTA, many small CTAs, which leaves room on every SM for the
+shared expert running beside it on another stream. With rule moe_gate_up_swiglu (opt-in) the
+gate/up launch also writes the down input (w4a4_gemv_moe_gate_up_swiglu: each slot's last CTA runs
+the SwiGLU + quantizer on the slot's [gate | up] row read back from L2), so a MoE layer's routed
+path is three launches (input quantizer, gate/up, down) instead of five.
 Same bytes as the unfused chain in every form."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from kbpc.codegen.args import WeightScalar, lit
 from kbpc.codegen.context import LowerCtx, Quant, flt
@@ -29,6 +32,9 @@ from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
 from kbpc.ir.state import ROUTED_EXPERT_OPS as EXPERT_OPS
+
+if TYPE_CHECKING:
+    from kbpc.ir.graph import Blueprint
 
 HEADER = "w4a4_mx_static.cuh"
 W_PARAMS = ("const uint8_t*", "const uint8_t*", "const float*", f"{BF16}*", "int")
@@ -48,24 +54,31 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     return launches
 
 
-def _gamma(ctx: LowerCtx, quant: Node) -> WeightScalar:
+def gamma(ctx: LowerCtx, quant: Node) -> WeightScalar:
     """The static activation scale: the input_scale of the node consuming the quantized row."""
     consumer = ctx.bp.node(ctx.output(quant).dst)
     return ctx.weight_value(consumer, "input_scale")
 
 
-def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | None = None) -> Launch:
-    """w4a4_quant_rows_static of the quantizer's BF16 input into its arena buffer or `out`."""
+def quant_rows_input(ctx: LowerCtx, node: Node) -> Tensor:
+    """The BF16 input of an act_quant that w4a4_quant_rows_static's layout serves (else an error)."""
     x, q = ctx.input(node), ctx.output(node)
     k, rows = x.dim_value, ctx.rows(x)
     require(q.format == "nvfp4/g16" and k % 16 == 0, f"act_quant {x.format} -> {q.format}, K {k}", node)
     require((rows * k // 2 + rows * k // 16) % 4 == 0,
             f"K = {k}: the planar FP32 global scales would be unaligned", node)
-    out = out or ctx.quant(q)
+    return x
+
+
+def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | None = None) -> Launch:
+    """w4a4_quant_rows_static of the quantizer's BF16 input into its arena buffer or `out`."""
+    x = quant_rows_input(ctx, node)
+    k, rows = x.dim_value, ctx.rows(x)
+    out = out or ctx.quant(ctx.output(node))
     inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_rows_static<{k}>",
                           (f"const {BF16}*", "float", "uint8_t*", "uint8_t*", "float*"))
     return Launch(inst, grid=(rows, 1, 1), block=BLOCK, smem=0,
-                  args=(ctx.buf(x), _gamma(ctx, node), out.codes, out.scales, out.globals),
+                  args=(ctx.buf(x), gamma(ctx, node), out.codes, out.scales, out.globals),
                   group=group.id, nodes=(node.id,))
 
 
@@ -81,7 +94,7 @@ def quant_swiglu_instance(k: int) -> KernelInstance:
                           (f"const {BF16}*", "float", "float", "uint8_t*", "uint8_t*", "float*"))
 
 
-def _scratch(ctx: LowerCtx, quant: Node) -> Quant:
+def scratch(ctx: LowerCtx, quant: Node) -> Quant:
     """The quantizer's scratch rows (kbpc.ir.state.routed_quant_rows)."""
     return Quant(ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
                  ctx.state(f"{quant.id}.g", "float"))
@@ -94,42 +107,77 @@ def _slot_shape(ctx: LowerCtx, node: Node, ids: Tensor, act_rows: int) -> tuple[
     return slots, slots // act_rows
 
 
-def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
-    """The expert GEMV over quantized rows, after the launch that quantizes them when the act_quant
-    is fused into this group."""
+def expert_ids(ctx: LowerCtx, node: Node) -> Tensor:
+    """A routed expert node's int32 expert ids (the top_k node's topk_id)."""
     ids = next((t for t in ctx.inputs(node) if t.format == "i32"), None)
     require(ids is not None, "a routed expert node needs the top_k ids input", node)
+    return ids
+
+
+def fused_input(ctx: LowerCtx, group: LoweredGroup, node: Node) -> tuple[Node, Tensor, Quant]:
+    """(the act_quant fused into this group that quantizes the expert's input, that quantizer's
+    input, the scratch rows it writes) of an expert node whose quantized input has no buffer."""
     a = ctx.input(node)
-    if materialized(ctx, a):
-        slots, div = _slot_shape(ctx, node, ids, ctx.rows(a))
-        return [_slots(ctx, group, node, ids, ctx.quant(a), div, (node.id,))]
     quant = ctx.bp.node(a.src)
     require(quant.op_base == "act_quant" and quant.id in group.nodes,
             f"{a.id} has no buffer and is not a fused act_quant of this group", node)
-    x, rows = ctx.input(quant), _scratch(ctx, quant)
+    x = ctx.input(quant)
     require(x.dim_value == a.dim_value, f"act_quant width {x.dim_value} != expert K {a.dim_value}", node)
+    return quant, x, scratch(ctx, quant)
+
+
+def routed_slots(ctx: LowerCtx, group: LoweredGroup, node: Node, rows: Quant, act_rows: int) -> Launch:
+    """The expert node's slot GEMV (w4a4_gemv_moe_slots) over `act_rows` quantized rows."""
+    ids = expert_ids(ctx, node)
+    _, div = _slot_shape(ctx, node, ids, act_rows)
+    return _slots(ctx, group, node, ids, rows, div, (node.id,))
+
+
+def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
+    """The expert GEMV over quantized rows, after the launch that quantizes them when the act_quant
+    is fused into this group."""
+    a = ctx.input(node)
+    if materialized(ctx, a):
+        return [routed_slots(ctx, group, node, ctx.quant(a), ctx.rows(a))]
+    quant, x, rows = fused_input(ctx, group, node)
     if materialized(ctx, x):
-        slots, div = _slot_shape(ctx, node, ids, ctx.rows(x))
         first = _quant_rows(ctx, group, quant, rows)
         epilogue = _swiglu_epilogue(ctx, group, node)
         if epilogue is not None:   # rule moe_gate_up_swiglu: the gate/up GEMV writes the down input
+            ids = expert_ids(ctx, node)
+            _, div = _slot_shape(ctx, node, ids, ctx.rows(x))
             return [first, _gate_up_swiglu(ctx, group, node, ids, rows, div, *epilogue)]
-    else:
-        clamp, act, gu = _fused_swiglu(ctx, group, x)
-        if not materialized(ctx, gu):   # rule moe_gate_up_swiglu: the gate/up launch's epilogue wrote the rows
-            require(ctx.bp.node(gu.src).id in group.nodes, f"{gu.id} has no buffer and no producer in this group",
-                    clamp)
-            slots, div = _slot_shape(ctx, node, ids, gu.rows_per_token * ctx.plan.options.batch)
-            require(div == 1, f"the gate/up epilogue writes one row per slot ({slots} slots)", node)
-            return [_slots(ctx, group, node, ids, rows, div, (node.id,))]
-        # rule moe_swiglu_down
-        slots, div = _slot_shape(ctx, node, ids, ctx.rows(gu))
-        require(div == 1, f"a fused SwiGLU input needs one row per slot ({slots} slots, {ctx.rows(gu)} rows)", node)
-        first = Launch(quant_swiglu_instance(x.dim_value), grid=(slots, 1, 1), block=BLOCK, smem=0,
-                       args=(ctx.buf(gu, f"const {BF16}"), flt(ctx.c.swiglu_limit), _gamma(ctx, quant),
-                             rows.codes, rows.scales, rows.globals),
-                       group=group.id, nodes=(clamp.id, act.id, quant.id))
-    return [first, _slots(ctx, group, node, ids, rows, div, (node.id,))]
+        return [first, routed_slots(ctx, group, node, rows, ctx.rows(x))]
+    clamp, act, gu = _fused_swiglu(ctx, group, x)
+    if not materialized(ctx, gu):   # rule moe_gate_up_swiglu: the gate/up launch's epilogue wrote the rows
+        require(ctx.bp.node(gu.src).id in group.nodes, f"{gu.id} has no buffer and no producer in this group", clamp)
+        slots, div = _slot_shape(ctx, node, expert_ids(ctx, node), gu.rows_per_token * ctx.plan.options.batch)
+        require(div == 1, f"the gate/up epilogue writes one row per slot ({slots} slots)", node)
+        return [routed_slots(ctx, group, node, rows, slots)]
+    # rule moe_swiglu_down
+    slots, div = _slot_shape(ctx, node, expert_ids(ctx, node), ctx.rows(gu))
+    require(div == 1, f"a fused SwiGLU input needs one row per slot ({slots} slots, {ctx.rows(gu)} rows)", node)
+    first = Launch(quant_swiglu_instance(x.dim_value), grid=(slots, 1, 1), block=BLOCK, smem=0,
+                   args=(ctx.buf(gu, f"const {BF16}"), flt(ctx.c.swiglu_limit), gamma(ctx, quant),
+                         rows.codes, rows.scales, rows.globals),
+                   group=group.id, nodes=(clamp.id, act.id, quant.id))
+    return [first, routed_slots(ctx, group, node, rows, ctx.rows(gu))]
+
+
+def static_quant_fits(bp: Blueprint, quant: Node) -> str | None:
+    """Why w4a4_quant_rows_static's form cannot serve an act_quant (None: it can): one BF16 row of a
+    multiple of 16 quantized to nvfp4/g16 for a routed expert GEMV of this family, whose
+    `.input_scale` is the static global scale (kbpc.ir.weights)."""
+    ins, outs = bp.inputs(quant.order), bp.outputs(quant.order)
+    if len(ins) != 1 or ins[0].format != "bf16" or ins[0].dim_value % 16:
+        return "the quantizer does not read one BF16 row of a multiple of 16"
+    if len(outs) != 1 or outs[0].format != "nvfp4/g16":
+        return "the quantizer does not write nvfp4/g16"
+    expert = bp.node(outs[0].dst)
+    if (expert.op_base not in EXPERT_OPS or expert.family != "w4a4_mx_static"
+            or expert.precision.activation != "nvfp4/g16"):
+        return f"the quantizer's reader {expert.id} is not a routed W4A4 GEMV with a static input scale"
+    return None
 
 
 def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Quant, div: int,
@@ -183,11 +231,11 @@ def _gate_up_swiglu(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor,
             f"gate/up epilogue needs K % 128 == 0 and N = 2I, I % 16 == 0 (K {k}, N {n}, I {i})", node)
     require(ctx.c.swiglu_limit > 0, f"swiglu_limit must be positive, got {ctx.c.swiglu_limit}", clamp)
     slots = ids.dim_value * ctx.rows(ids)
-    out = _scratch(ctx, quant)
+    out = scratch(ctx, quant)
     weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
     return Launch(gate_up_swiglu_instance(k, i), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
                   args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
-                        ctx.state(f"{node.id}.rows", BF16), flt(ctx.c.swiglu_limit), _gamma(ctx, quant),
+                        ctx.state(f"{node.id}.rows", BF16), flt(ctx.c.swiglu_limit), gamma(ctx, quant),
                         out.codes, out.scales, out.globals, ctx.state(f"{node.id}.arrive", "unsigned int")),
                   group=group.id, nodes=(node.id, clamp.id, act.id, quant.id),
                   note="the slot GEMV, then each slot's last CTA: SwiGLU and the down input's NVFP4 rows")
