@@ -51,6 +51,12 @@ namespace kbp {
 constexpr int MLA_SPLIT_THREADS = 256;
 constexpr int MLA_SPLIT_WARPS = MLA_SPLIT_THREADS / 32;
 
+// Two E4M3 codes (the low 16 bits of w) -> their exact FP32 values.
+__device__ __forceinline__ float2 mla_codes2(uint32_t w) {
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(hr));
+}
+
 // 16 E4M3 codes (one uint4) -> 16 FP32 values times s_k.
 __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (&v)[16]) {
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -58,9 +64,7 @@ __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                (__nv_fp8x2_storage_t)((w[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
-            const float2 f = __half22float2(__half2(hr));
+            const float2 f = mla_codes2(w[i] >> (16 * h));
             v[4 * i + 2 * h] = f.x * s_k;
             v[4 * i + 2 * h + 1] = f.y * s_k;
         }

@@ -17,21 +17,12 @@ from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
-from kbpc.reference.glm_mla_decode import ORDER_GROUP, ORDER_WARPS
+from kbpc.reference.glm_mla_decode import ORDER_GROUP, ORDER_WARPS, heads_per_cta
 
 THREADS = 256            # MLA_SPLIT_THREADS
-MAX_HEADS_PER_CTA = 4    # heads a CTA attends for (its registers hold their queries)
 BF = "__nv_bfloat16"
 PARAMS = (f"const {BF}*", "const uint8_t*", "const int32_t*", "int", "const int32_t*", "int",
           "const int32_t*", "float", f"{BF}*", "float*", "uint32_t*")
-
-
-def heads_per_cta(heads: int) -> int:
-    """The largest power of two <= MAX_HEADS_PER_CTA that divides the head count."""
-    hpc = MAX_HEADS_PER_CTA
-    while heads % hpc:
-        hpc //= 2
-    return hpc
 
 
 def decode_instance(latent: int, hpc: int) -> KernelInstance:
