@@ -132,14 +132,12 @@ __device__ __forceinline__ void mla_fast_merge(const float* part, int slices, si
     __syncthreads();
     if (t < HPC) {
         float l = 0.0f;
-        for (int u = 0; u < slices; ++u) l = l + __ldcg(part + u * slice_stride + t * PS + E + 1) * fmerge[t * slices + u];
+        for (int u = 0; u < slices; ++u)
+            l = l + __ldcg(part + u * slice_stride + t * PS + E + 1) * fmerge[t * slices + u];
         l_sh[t] = l;
     }
     float acc[HPC][CPT];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) acc[h][c] = 0.0f;
+    mla_zero(acc);
 #pragma unroll 4
     for (int u = 0; u < slices; ++u) {
 #pragma unroll
@@ -194,25 +192,10 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     const int mine = s < width ? (width - s + slices - 1) / slices : 0;   // entries s, s + S, ...
 
     float qf[HPC][CH][16];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const uint4* src = reinterpret_cast<const uint4*>(q + ((size_t)r * H + hg * HPC + h) * E) + 2 * (lane + 32 * i);
-            const uint4 a = ld_step(src), b = ld_step(src + 1);
-            const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                qf[h][i][2 * k] = __uint_as_float(u[k] << 16);
-                qf[h][i][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-            }
-        }
+    mla_load_queries<E, HPC>(q + ((size_t)r * H + hg * HPC) * E, lane, qf);
     const float scale = 1.0f / sqrtf((float)E);
     float o[HPC][CPT];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) o[h][c] = 0.0f;
+    mla_zero(o);
     float m_run = -INFINITY, l_run = 0.0f;   // warps h < HPC: head h
 
     for (int base = 0; base < mine; base += chunk) {

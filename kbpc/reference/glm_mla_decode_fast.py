@@ -65,7 +65,7 @@ def fast_split(heads: int, width: int, rows: int, sms: int, latent: int) -> Fast
     """The fast form's CTA split for `width` selection entries per row on a GPU of `sms` SMs."""
     hpc = heads_per_cta(heads)
     groups = heads // hpc
-    slices = max(1, min(sms // (groups * rows), -(-width // MIN_SLICE)))
+    slices = max(1, min(sms // (groups * rows), width // MIN_SLICE))
     entries = -(-width // slices)
     chunk = max(1, min(entries, FAST_THREADS, STAGE_BYTES // latent))
     return FastSplit(hpc, slices, chunk)
