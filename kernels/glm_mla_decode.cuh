@@ -51,6 +51,12 @@ namespace kbp {
 constexpr int MLA_SPLIT_THREADS = 256;
 constexpr int MLA_SPLIT_WARPS = MLA_SPLIT_THREADS / 32;
 
+// Two E4M3 codes (the low 16 bits of w) -> their exact FP32 values.
+__device__ __forceinline__ float2 mla_codes2(uint32_t w) {
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(hr));
+}
+
 // 16 E4M3 codes (one uint4) -> 16 FP32 values times s_k.
 __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (&v)[16]) {
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -58,13 +64,38 @@ __device__ __forceinline__ void mla_decode16(const uint4 raw, float s_k, float (
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                (__nv_fp8x2_storage_t)((w[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
-            const float2 f = __half22float2(__half2(hr));
+            const float2 f = mla_codes2(w[i] >> (16 * h));
             v[4 * i + 2 * h] = f.x * s_k;
             v[4 * i + 2 * h + 1] = f.y * s_k;
         }
     }
+}
+
+// The queries of HPC heads from `q` (their [HPC][E] BF16 rows), as lane `lane` of a dot needs them:
+// qf[h][i][k] = channel 16 (lane + 32 i) + k of head h, in FP32 (exact).
+template <int E, int HPC>
+__device__ __forceinline__ void mla_load_queries(const __nv_bfloat16* q, int lane, float (&qf)[HPC][E / 512][16]) {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h)
+#pragma unroll
+        for (int i = 0; i < E / 512; ++i) {
+            const uint4* src = reinterpret_cast<const uint4*>(q + (size_t)h * E) + 2 * (lane + 32 * i);
+            const uint4 a = ld_step(src), b = ld_step(src + 1);   // step data: after pdl_wait
+            const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                qf[h][i][2 * k] = __uint_as_float(u[k] << 16);
+                qf[h][i][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+            }
+        }
+}
+
+template <int A, int B>
+__device__ __forceinline__ void mla_zero(float (&o)[A][B]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b) o[a][b] = 0.0f;
 }
 
 // Groups per chunk: 8 (one per warp for the dots) while two chunks of latent rows fit in 32 KB.
@@ -314,25 +345,10 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     };
 
     float qf[HPC][CH][16];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const uint4* src = reinterpret_cast<const uint4*>(q + ((size_t)r * H + hg * HPC + h) * E) + 2 * (lane + 32 * i);
-            const uint4 a = src[0], b = src[1];
-            const uint32_t u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                qf[h][i][2 * k] = __uint_as_float(u[k] << 16);
-                qf[h][i][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-            }
-        }
+    mla_load_queries<E, HPC>(q + ((size_t)r * H + hg * HPC) * E, lane, qf);
     const float scale = 1.0f / sqrtf((float)E);
     float o[HPC][CPT];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) o[h][c] = 0.0f;
+    mla_zero(o);
     float m_run = -INFINITY;   // warps h < HPC: head h's running max
     float l_run = 0.0f;        // threads h < HPC: head h's running sum
 

@@ -5,9 +5,10 @@ Kinds come from a node's `state` field in the blueprint (`conv:update`, `h:updat
 nothing: snapshots serve multi-token verify, reads use the writer's buffers). The fused
 hyper-connection pre-mix also keeps per-row arrival counters and a partial-sum workspace; the
 indexer's selection and the split MLA decode keep the scratch their last-arriving CTAs combine
-(arrival counters that the kernels return to zero, so a replayed step finds them zeroed), and so
-does every top-k for the fused router (its logits and arrival counter, used when the fusion rule
-router_gemv_topk merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
+(the exact form's merge tree, or in numerics `fast` its slices' partials; arrival counters
+that the kernels return to zero, so a replayed step finds them zeroed), and so does every top-k
+for the fused router (its logits and arrival counter, used when the fusion rule router_gemv_topk
+merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
 the state does not depend on which fusions ran). A routed expert's NVFP4 input quantizer keeps the
 quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
 one step), and a routed gate/up GEMV its [gate | up] rows and per-slot arrival counters for the
@@ -21,7 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kbpc.errors import KbpcError
+from kbpc.ir.buffers import buffer_elements
 from kbpc.reference.glm_mla_decode import ORDER_WARPS
+from kbpc.reference.glm_mla_decode_fast import PARTIAL_PAD, FastSplit, fast_split
+from kbpc.targets import get_target
 
 if TYPE_CHECKING:
     from kbpc.ir.graph import Blueprint
@@ -85,13 +89,39 @@ def _router(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
     return router_state(node, z.rows_per_token * batch, z.dim_value)
 
 
-def _mla_read(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
-    q = next(t for t in bp.inputs(node.order) if bp.node(t.src).op_base == "linear")
+def mla_fast_state(attend: Node, rows: int, heads: int, latent: int,
+                   split: FastSplit) -> tuple[StateBuffer, StateBuffer]:
+    """The fast MLA decode's scratch (kernels/glm_mla_decode_fast.cuh): per row, slice and head a
+    partial state (o, m, l, pad), and an arrival counter per row and head group."""
+    width, groups = latent + PARTIAL_PAD, heads // split.hpc
+    return (StateBuffer(f"{attend.id}.partials", rows * split.slices * heads * width * 4,
+                        (rows, split.slices, heads, width), "f32"),
+            StateBuffer(f"{attend.id}.counters", rows * groups * 4, (rows, groups), "i32"))
+
+
+def mla_fast_split(bp: Blueprint, attend: Node, options: Options) -> FastSplit:
+    """The fast decode's split of one attend node for the options' target (the lowering's too)."""
+    q = next(t for t in bp.inputs(attend.order) if bp.node(t.src).op_base == "linear")
+    sel = next(t for t in bp.inputs(attend.order) if bp.node(t.src).op == "index_select")
+    latent = _mla_latent(bp, attend)
+    return fast_split(max(1, q.dim_value // latent), buffer_elements(bp, sel), q.rows_per_token * options.batch,
+                      get_target(options.target).sms, latent)
+
+
+def _mla_latent(bp: Blueprint, node: Node) -> int:
     writer = [n for n in bp.nodes() if n.block == node.block and n.op == "kv_write"]
     if len(writer) != 1:
         raise KbpcError(f"expected one kv_write node in block {node.block}, found {len(writer)}", f"node {node.id}")
-    latent = bp.inputs(writer[0].order)[0].dim_value
-    return mla_merge_state(node, q.rows_per_token * batch, max(1, q.dim_value // latent), latent)
+    return bp.inputs(writer[0].order)[0].dim_value
+
+
+def _mla_read(bp: Blueprint, node: Node, options: Options) -> tuple[StateBuffer, ...]:
+    q = next(t for t in bp.inputs(node.order) if bp.node(t.src).op_base == "linear")
+    latent = _mla_latent(bp, node)
+    rows, heads = q.rows_per_token * options.batch, max(1, q.dim_value // latent)
+    if options.numerics == "fast":
+        return mla_fast_state(node, rows, heads, latent, mla_fast_split(bp, node, options))
+    return mla_merge_state(node, rows, heads, latent)
 
 
 ROUTED_EXPERT_OPS = ("expert_gate_up", "expert_down")   # the routed expert GEMVs' ops (one home)
@@ -165,7 +195,7 @@ def _of_kind(bp: Blueprint, node: Node, kind: str, options: Options) -> tuple[St
                 StateBuffer(f"{node.id}.hist", bins * 4, (bins,), "i32"),
                 StateBuffer(f"{node.id}.arrive", 4, (1,), "i32"))
     if kind == "latent:read":   # the unquantized decode (act_quant off) merges nothing across CTAs
-        return _mla_read(bp, node, options.batch) if options.act_quant else ()
+        return _mla_read(bp, node, options) if options.act_quant else ()
     if kind == "conv:snapshot":
         return ()
     raise KbpcError(f"unknown state kind {kind!r}", f"node {node.id}")

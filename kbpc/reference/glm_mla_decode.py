@@ -36,6 +36,15 @@ WARP = 32
 LANE_CHANNELS = 16     # one 16-byte load of E4M3 codes per lane
 ORDER_WARPS = 16       # the family's order: groups dealt to 16 warps (CTAs of the split form), a halving tree
 ORDER_GROUP = 4        # consecutive selection entries per group
+MAX_HEADS_PER_CTA = 4  # heads a decode CTA attends for (its registers hold their queries); no order depends on it
+
+
+def heads_per_cta(heads: int) -> int:
+    """The largest power of two <= MAX_HEADS_PER_CTA that divides the head count."""
+    hpc = MAX_HEADS_PER_CTA
+    while heads % hpc:
+        hpc //= 2
+    return hpc
 
 
 def lane_order(latent_dim: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The DSA kernel instances the lowerings emit for the seed and the tiny blueprint (FP32 and FP8
-index caches, the FP8 rotated-query form, 4 and 2 heads per decode CTA) compile through the
+index caches, the FP8 rotated-query form, 4 and 2 heads per decode CTA, the fast decode) compile through the
 product's kernel-instance template for sm_90a without register spills, within the static shared
 memory limit (no GPU needed)."""
 from __future__ import annotations
@@ -25,6 +25,7 @@ def test_dsa_instances_compile_without_spills(tmp_path):
     insts += [lower_dsa.store_instance(128, 4, fp8) for fp8 in (False, True)]
     insts += [lower_dsa.select_instance(4, 128, 4, 4, False), lower_mla.decode_instance(512, 4),
               lower_mla.decode_instance(512, 2)]
+    insts += [lower_mla.fast_instance(512, hpc) for hpc in (4, 2, 1)]   # numerics fast, 4, 2, 1 heads per CTA
     template = _env().get_template("kernel_instance.cu.j2")
     src = tmp_path / "dsa.cu"
     src.write_text("\n".join(template.render(inst=i) for i in insts))

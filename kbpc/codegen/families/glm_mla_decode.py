@@ -4,8 +4,10 @@ paged FP8 latent cache that the block's kv_write fills, at the token ids the ind
 Split over the attended tokens: CTA (w, hg, row) is warp w of the family's order (ORDER_WARPS
 warps, groups of ORDER_GROUP entries) for HPC heads, so each latent row is read once per head
 group instead of once per head, and the grid fills the GPU; the partial states are merged across
-CTAs by the order's halving tree, so the output is bit-exact in both numerics modes. The merge
-scratch is state of the attend node (kbpc/ir/state.py, kind latent:read)."""
+CTAs by the order's halving tree, so the output is bit-exact: the `exact` form. Numerics `fast`
+takes kernels/glm_mla_decode_fast.cuh instead: slices of the selection x head groups, one flat
+merge in slice order, within kbpc/reference/glm_mla_decode_fast.py's bound. Either form's scratch
+is state of the attend node (kbpc/ir/state.py, kind latent:read)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,22 +18,17 @@ from kbpc.codegen.families.dsa_state import block_node, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
 from kbpc.ir.plan import LoweredGroup
+from kbpc.ir.state import mla_fast_split
 from kbpc.ir.records import Node, Tensor
-from kbpc.reference.glm_mla_decode import ORDER_GROUP, ORDER_WARPS
+from kbpc.reference.glm_mla_decode import ORDER_GROUP, ORDER_WARPS, heads_per_cta
+from kbpc.reference.glm_mla_decode_fast import FAST_THREADS
 
 THREADS = 256            # MLA_SPLIT_THREADS
-MAX_HEADS_PER_CTA = 4    # heads a CTA attends for (its registers hold their queries)
 BF = "__nv_bfloat16"
 PARAMS = (f"const {BF}*", "const uint8_t*", "const int32_t*", "int", "const int32_t*", "int",
           "const int32_t*", "float", f"{BF}*", "float*", "uint32_t*")
-
-
-def heads_per_cta(heads: int) -> int:
-    """The largest power of two <= MAX_HEADS_PER_CTA that divides the head count."""
-    hpc = MAX_HEADS_PER_CTA
-    while heads % hpc:
-        hpc //= 2
-    return hpc
+FAST_HEADER = "glm_mla_decode_fast.cuh"
+FAST_PARAMS = (*PARAMS[:8], "int", *PARAMS[8:])   # chunk after s_k
 
 
 def decode_instance(latent: int, hpc: int) -> KernelInstance:
@@ -66,8 +63,14 @@ def _attend(ctx: LowerCtx, group: LoweredGroup, widths: int) -> _Attend:
     return _Attend(node, q, sel, out, writer, e, q.dim_value // e, ctx.rows(q))
 
 
+def fast_instance(latent: int, hpc: int) -> KernelInstance:
+    return KernelInstance("glm_mla_decode", FAST_HEADER, f"kbp::glm_mla_decode_fast<{latent}, {hpc}>", FAST_PARAMS)
+
+
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     a = _attend(ctx, group, 512)
+    if ctx.plan.options.numerics == "fast":
+        return _lower_fast(ctx, group, a)
     node, writer, e, heads, rows = a.node, a.writer, a.latent, a.heads, a.rows
     hpc = heads_per_cta(heads)
     merge, counters = state_buffer(ctx, f"{node.id}.merge"), state_buffer(ctx, f"{node.id}.counters")
@@ -82,6 +85,23 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
             ctx.buf(a.out), ctx.state(merge.name, "float"), ctx.state(counters.name, "uint32_t"))
     return [Launch(inst, grid=(ORDER_WARPS, heads // hpc, rows), block=(THREADS, 1, 1), smem=0, args=args,
                    group=group.id, nodes=(node.id,))]
+
+
+def _lower_fast(ctx: LowerCtx, group: LoweredGroup, a: _Attend) -> list[Launch]:
+    """Numerics `fast`: S slices x head groups x rows CTAs, one flat merge in slice order (the split
+    and the scratch from kbpc/ir/state.py, the bound kbpc/reference/glm_mla_decode_fast.py)."""
+    split = mla_fast_split(ctx.bp, a.node, ctx.plan.options)
+    partials, counters = state_buffer(ctx, f"{a.node.id}.partials"), state_buffer(ctx, f"{a.node.id}.counters")
+    if partials.shape[:3] != (a.rows, split.slices, a.heads) or counters.shape != (a.rows, a.heads // split.hpc):
+        raise LoweringError(f"fast decode state {partials.shape} / {counters.shape} does not fit {a.rows} rows of "
+                            f"{a.heads} heads in {split.slices} slices", f"node {a.node.id}")
+    args = (ctx.buf(a.q), ctx.state(f"{a.writer.id}.latent_cache", "uint8_t"),
+            ctx.state(f"{a.writer.id}.block_table", "int32_t"), lit(ctx.c.latent_page_tokens),
+            ctx.buf(a.sel, "int32_t"), lit(buffer_elements(ctx.bp, a.sel)), StepInput("SEQ"),
+            ctx.weight_value(a.writer, "k_scale"), lit(split.chunk), ctx.buf(a.out),
+            ctx.state(partials.name, "float"), ctx.state(counters.name, "uint32_t"))
+    return [Launch(fast_instance(a.latent, split.hpc), grid=split.grid(a.heads, a.rows), block=(FAST_THREADS, 1, 1),
+                   smem=split.smem_bytes(a.latent), args=args, group=group.id, nodes=(a.node.id,))]
 
 
 def lower_unquantized(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
