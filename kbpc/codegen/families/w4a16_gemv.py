@@ -53,7 +53,12 @@ HEADER = "w4a16_gemv.cuh"
 SHARED_PAIR_FAST = False   # see the module docstring: measured outside the fast-mode criterion
 MMA_HEADER = "w4a16_mma.cuh"
 MMA_MAX_K = 20480        # W4A16F_MAX_K: x staged as FP16 pairs in static shared memory
-MMA_WARPS = 2048         # warps a launch aims at: 132 SMs x 16 resident, about one wave
+# Warps a launch aims at: about four waves of 16 warps on 132 SMs, so more K-split warps keep more
+# weight loads in flight (H200, 128-expert seed shrink, 1k context, three runs each: 6.47-6.69 ms a
+# step against 6.57-6.75 with 2048, one wave; the KDA six-segment projection KS 1 -> 4 ends 21 us
+# after the hc boundary instead of 26 us in the replayed step).
+MMA_WARPS = 8192
+PAIR_WARPS = 2048         # the fast shared pair's target, as measured and GPU-tested (not the default)
 W4 = ("const uint8_t*", "const uint8_t*", "float")
 
 
@@ -66,11 +71,11 @@ def _pow2_floor(v: int) -> int:
     return 1 << max(0, v.bit_length() - 1)
 
 
-def mma_shape(tiles: int, k: int) -> tuple[int, int]:
+def mma_shape(tiles: int, k: int, warps: int = MMA_WARPS) -> tuple[int, int]:
     """(KS, T) of w4a16_mma for `tiles` 16-row tiles of depth K: KS warps per tile (a power of two
-    <= 16 and <= the 128-wide chunks) so that tiles * KS is about MMA_WARPS, then T tiles per CTA
+    <= 16 and <= the 128-wide chunks) so that tiles * KS is about `warps`, then T tiles per CTA
     for about 8 warps per CTA (the activation is staged once per CTA)."""
-    ks = max(1, min(16, _pow2_floor(max(1, -(-k // 128))), _pow2_floor(max(1, MMA_WARPS // max(1, tiles)))))
+    ks = max(1, min(16, _pow2_floor(max(1, -(-k // 128))), _pow2_floor(max(1, warps // max(1, tiles)))))
     return ks, max(1, 8 // ks)
 
 
@@ -91,7 +96,7 @@ def pair_instance(k: int, i: int, shapes: tuple[int, int, int, int] | None = Non
 def pair_shapes(k: int, i: int, n: int) -> tuple[int, int, int, int]:
     """(KS0, T0, KS1, T1) of the fast pair: phase 0 has I/8 tiles of depth K (8 gate + 8 up rows
     each), phase 1 ctas(N) tiles of depth I; each from `mma_shape`."""
-    return (*mma_shape(-(-i // 8), k), *mma_shape(ctas(n), i))
+    return (*mma_shape(-(-i // 8), k, PAIR_WARPS), *mma_shape(ctas(n), i, PAIR_WARPS))
 
 
 def pair_launch_shapes(i: int, n: int, shapes: tuple[int, int, int, int]) -> tuple[tuple, tuple, tuple, tuple]:
