@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end check on the GPU machine (one device call): the tiny bundles and the full-depth toy
 # shrinks (out/deep*.kbp) against the reference interpreter (every intermediate with the
-# debug-arena build, then 64 positions of logits), every
+# debug-arena build, then 64 positions of logits), the fast seed shrink with and without PDL bit for
+# bit (scripts/compare_logits.py), every
 # out/seed-*.kbp decoded and benchmarked, then the GPU tests named by GPU_TESTS (default: all).
 # Bundles are compiled beforehand on any machine with nvcc (scripts/compile-e2e.sh) into out/,
 # with the keyring in out/keys.
@@ -31,6 +32,10 @@ for t in out/tiny*.kbp out/deep*.kbp; do
     name=$(basename "$t" .kbp)
     step $KBPC verify "$t" $TRUST --numerics --positions 64 -q --json-out "$OUTDIR/numerics-$name.json" 2>&1 | tail -3 | tee "$OUTDIR/numerics-$name.log"
 done
+if [ -f out/seed-e128.kbp ] && [ -f out/seed-e128-nopdl.kbp ]; then   # PDL changes when kernels start, not what they compute
+    step python3 scripts/compare_logits.py out/seed-e128.kbp out/seed-e128-nopdl.kbp $TRUST --positions 16 \
+        --json-out "$OUTDIR/pdl-vs-nopdl.json" 2>&1 | tail -2 | tee "$OUTDIR/pdl-vs-nopdl.log"
+fi
 for b in out/seed-*.kbp; do
     [ -f "$b" ] || continue
     name=$(basename "$b" .kbp)
