@@ -8,12 +8,7 @@
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 NAME:CONTEXT..." >&2; exit 2; }
 W=/tmp/ab; rm -rf "$W"; mkdir -p "$W"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>&1 | tail -2
-    export PYTHONPATH="$HOME/site:${PYTHONPATH:-}"
-fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-TRUST="--trust out/keys/signing-key.pub.json"
+. scripts/device-env.sh
 rc=0
 i=0
 for arg in "$@"; do

@@ -8,12 +8,7 @@
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-check-out}"
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>&1 | tail -3
-    export PYTHONPATH="$HOME/site:${PYTHONPATH:-}"
-fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-export KBPC_TEST_CUBIN_CACHE="${KBPC_TEST_CUBIN_CACHE:-/tmp/kbpc-cubins}"
+. scripts/device-env.sh
 
 { nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1; python3 --version; } 2>&1 | tee "$OUT/env.txt"
 

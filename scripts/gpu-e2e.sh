@@ -12,14 +12,8 @@
 set -uo pipefail
 OUTDIR="${1:-${OUT:-$PWD/gpu-e2e-out}}"
 mkdir -p "$OUTDIR"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>&1 | tail -2
-    export PYTHONPATH="$HOME/site:${PYTHONPATH:-}"
-fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-export KBPC_TEST_CUBIN_CACHE="${KBPC_TEST_CUBIN_CACHE:-/tmp/kbpc-cubins}"
+. scripts/device-env.sh
 KBPC="python3 -m kbpc.cli"
-TRUST="--trust out/keys/signing-key.pub.json"
 rc=0
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv | tee "$OUTDIR/gpu.txt"
 step() { echo "== $*"; "$@" || rc=1; }

@@ -9,12 +9,7 @@
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUNDLE_NAME..." >&2; exit 2; }
 W=/tmp/timeline; rm -rf "$W"; mkdir -p "$W"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>&1 | tail -2
-    export PYTHONPATH="$HOME/site:${PYTHONPATH:-}"
-fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-TRUST="--trust out/keys/signing-key.pub.json"
+. scripts/device-env.sh
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee "$W/torch.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$W/gpu.txt"
 rc=0

@@ -3,9 +3,8 @@
 # then the kernel benchmark groups (each under its own time limit), all results in $OUT/variants.tgz.
 set -uo pipefail
 W=/tmp/variants; mkdir -p $W
-python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH="$PWD:$HOME/site" PYTHONUNBUFFERED=1 KBPC_TEST_CUBIN_CACHE=/tmp/kbpc-cubins
-KBPC="python3 -m kbpc.cli"; TRUST="--trust out/keys/signing-key.pub.json"
+. scripts/device-env.sh
+KBPC="python3 -m kbpc.cli"
 if [ -n "${GPU_TESTS:-}" ]; then
     python3 -m pytest -m gpu $GPU_TESTS -q -rfE -s -p no:cacheprovider -n 6 > $W/pytest.log 2>&1
     tail -8 $W/pytest.log; grep -h "GPU (fast) vs\|(b) GPU" $W/pytest.log | head -3
