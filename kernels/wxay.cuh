@@ -11,6 +11,9 @@
 //   wxay_rowscale_split_list<K, NSEG>(segs, a_codes, a_scale)      grid = sum_s n_s/16
 //       wxay_rowscale_split with the table passed by value (a __grid_constant__ WxaySegList<NSEG>,
 //       in the launch's parameter space), so generated code needs no host packing or table buffer.
+//   wxay_rowscale<K, true>, wxay_rowscale_split_list<K, NSEG, true>: the exact form (numerics
+//       `exact`): the same grid and bytes out as the reference, chunk sums in FP64 on the CUDA cores
+//       instead of the tensor cores (wxay_warp_chain_exact).
 //   wxay_rowscale_ks<K, W>(a_codes, a_scale, w_codes, w_scales, y, N, part, counters)
 //   wxay_rowscale_split_ks<K, W, NSEG>(segs, a_codes, a_scale, part, counters)
 //       the same bits with W in {1,2,4,8} warps per CTA, grid = tiles * (8/W): for small N, a tile's
@@ -103,6 +106,77 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
     }
 }
 
+// f32(acc + s) correctly rounded, s an exact double: the double sum made round-to-odd (TwoSum's
+// error sets its last bit when it is inexact), then one rounding to float, which is then correct
+// (53 >= 24 + 2). The reference's add_f32 (kbpc/reference/gemv_order.py), bit for bit.
+__device__ __forceinline__ float wxay_add_f32_exact(float acc, double s) {
+    const double a = (double)acc, t = __dadd_rn(a, s), bv = __dsub_rn(t, a);
+    const double err = __dadd_rn(__dsub_rn(a, __dsub_rn(t, bv)), __dsub_rn(s, bv));
+    long long bits = __double_as_longlong(t);
+    if (err != 0.0 && (bits & 1) == 0 && isfinite(t)) bits += (err > 0.0) == (t > 0.0) ? 1 : -1;
+    return __double2float_rn(__longlong_as_double(bits));
+}
+
+// E4M3 codes (4 in a word) -> exact doubles.
+__device__ __forceinline__ void wxay_e4m3x4_f64(uint32_t w, double (&v)[4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w >> (16 * h)) & 0xffffu), __NV_E4M3);
+        const float2 f = __half22float2(__half2(hr));
+        v[2 * h] = (double)f.x;
+        v[2 * h + 1] = (double)f.y;
+    }
+}
+
+// The exact form of the chain (numerics `exact`): lane (g, t) sums its 32 products of rows g and g+8
+// in a chunk in FP64 (E4M3 products are multiples of 2^-18 below 2^18 and any partial sum of a
+// 128-wide chunk stays below 2^25: exact in any order), the four lanes t of a row add theirs with
+// xor shuffles (still exact), and the chunk sum S_c is folded into the FP32 accumulator with one
+// correct rounding, acc = f32(acc + S_c): the reference's order, so the bits are the reference's.
+// The MMA form rounds the chunk sum to FP32 inside the tensor core first (its internal
+// accumulation is unspecified), which differs from the reference in rare chunks.
+template <int K>
+__device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, const uint8_t* a_codes,
+                                                      int warp, float& acc0, float& acc8) {
+    static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
+    constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint4* rg = reinterpret_cast<const uint4*>(w_rows + (size_t)g * K) + 2 * t;
+    const uint4* r8 = reinterpret_cast<const uint4*>(w_rows + (size_t)(g + 8) * K) + 2 * t;
+    const uint4* xa = reinterpret_cast<const uint4*>(a_codes) + 2 * t;
+    acc0 = 0.0f, acc8 = 0.0f;
+#pragma unroll 1   // one chunk's loads at a time: the FP64 sums, not the loads, bound this form
+    for (int i = 0; i < PER; ++i) {
+        const int c = warp + 8 * i;
+        if (c >= NCH) break;   // warp-uniform
+        const uint4 wv[4] = {__ldcs(rg + 8 * c), __ldcs(rg + 8 * c + 1), __ldcs(r8 + 8 * c), __ldcs(r8 + 8 * c + 1)};
+        const uint4 xv[2] = {ld_step(xa + 8 * c), ld_step(xa + 8 * c + 1)};
+        const uint32_t wg[8] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w, wv[1].x, wv[1].y, wv[1].z, wv[1].w};
+        const uint32_t w8[8] = {wv[2].x, wv[2].y, wv[2].z, wv[2].w, wv[3].x, wv[3].y, wv[3].z, wv[3].w};
+        const uint32_t xw[8] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w};
+        double s0 = 0.0, s8 = 0.0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            double x[4], a[4], b[4];
+            wxay_e4m3x4_f64(xw[j], x);
+            wxay_e4m3x4_f64(wg[j], a);
+            wxay_e4m3x4_f64(w8[j], b);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                s0 = __fma_rn(a[q], x[q], s0);
+                s8 = __fma_rn(b[q], x[q], s8);
+            }
+        }
+#pragma unroll
+        for (int m = 1; m <= 2; m <<= 1) {   // the row's four lanes t (exact: any order)
+            s0 = __dadd_rn(s0, __shfl_xor_sync(0xffffffffu, s0, m));
+            s8 = __dadd_rn(s8, __shfl_xor_sync(0xffffffffu, s8, m));
+        }
+        acc0 = wxay_add_f32_exact(acc0, s0);
+        acc8 = wxay_add_f32_exact(acc8, s8);
+    }
+}
+
 // y_r = rn_bf16(f32(sum_w v_w in warp order) * f32(w_r * a)) for one row r of a tile.
 __device__ __forceinline__ __nv_bfloat16 wxay_finish(const float (&v)[8], float w_scale, float a_scale) {
     float p = v[0];
@@ -112,14 +186,17 @@ __device__ __forceinline__ __nv_bfloat16 wxay_finish(const float (&v)[8], float 
 }
 
 // The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
-template <int K>
+template <int K, bool EXACT = false>
 __device__ __forceinline__ void wxay_tile(const uint8_t* w_rows, const float* w_scales,
                                           const uint8_t* a_codes, float a_scale,
                                           __nv_bfloat16* y) {
     __shared__ float part[8][16];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float acc0, acc8;
-    wxay_warp_chain<K>(w_rows, a_codes, warp, acc0, acc8);
+    if constexpr (EXACT)
+        wxay_warp_chain_exact<K>(w_rows, a_codes, warp, acc0, acc8);
+    else
+        wxay_warp_chain<K>(w_rows, a_codes, warp, acc0, acc8);
     if (t == 0) { part[warp][g] = acc0; part[warp][g + 8] = acc8; }
     __syncthreads();
     if (threadIdx.x < 16) {
@@ -130,27 +207,27 @@ __device__ __forceinline__ void wxay_tile(const uint8_t* w_rows, const float* w_
     }
 }
 
-template <int K>
+template <int K, bool EXACT = false>
 __device__ __forceinline__ void wxay_rowscale_dev(const uint8_t* a_codes,
                                                      const float* a_scale,
                                                      const uint8_t* w_codes,
                                                      const float* w_scales,
                                                      __nv_bfloat16* y, int N) {
     const size_t n0 = (size_t)blockIdx.x * 16;
-    wxay_tile<K>(w_codes + n0 * K, w_scales + n0, a_codes, ld_step(a_scale), y + n0);
+    wxay_tile<K, EXACT>(w_codes + n0 * K, w_scales + n0, a_codes, ld_step(a_scale), y + n0);
 }
 
-template <int K>
+template <int K, bool EXACT = false>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* a_codes,
                                                      const float* a_scale,
                                                      const uint8_t* w_codes,
                                                      const float* w_scales,
                                                      __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    wxay_rowscale_dev<K>(a_codes, a_scale, w_codes, w_scales, y, N);
+    wxay_rowscale_dev<K, EXACT>(a_codes, a_scale, w_codes, w_scales, y, N);
 }
 
-template <int K>
+template <int K, bool EXACT = false>
 __device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* table, int nseg,
                                                            const uint8_t* a_codes,
                                                            const float* a_scale) {
@@ -158,7 +235,7 @@ __device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* table, in
     while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
     const WxaySeg seg = table[s];
     const size_t n0 = (size_t)b * 16;
-    wxay_tile<K>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, ld_step(a_scale), seg.y + n0);
+    wxay_tile<K, EXACT>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, ld_step(a_scale), seg.y + n0);
 }
 
 template <int K>
@@ -174,13 +251,13 @@ struct WxaySegList {
     WxaySeg seg[NSEG];
 };
 
-template <int K, int NSEG>
+template <int K, int NSEG, bool EXACT = false>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_constant__ WxaySegList<NSEG> segs,
                                                                 const uint8_t* a_codes,
                                                                 const float* a_scale) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
-    wxay_rowscale_split_dev<K>(segs.seg, NSEG, a_codes, a_scale);
+    wxay_rowscale_split_dev<K, EXACT>(segs.seg, NSEG, a_codes, a_scale);
 }
 
 // ------------------------------------------------------------------ split over CTAs (small N)

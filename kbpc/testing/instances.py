@@ -119,8 +119,12 @@ def w4a4_moe_slots_bf16(k: int) -> KernelInstance:
                           ("const int*", "int", f"const {BF}*", "float", *w4a4_mx_static.W_PARAMS))
 
 
-def wxay_rowscale(k: int) -> KernelInstance:
-    return KernelInstance("wxay", wxay.HEADER, f"kbp::wxay_rowscale<{k}>",
+def _exact_arg(exact: bool) -> str:
+    return ", true" if exact else ""
+
+
+def wxay_rowscale(k: int, exact: bool = False) -> KernelInstance:
+    return KernelInstance("wxay", wxay.HEADER, f"kbp::wxay_rowscale<{k}{_exact_arg(exact)}>",
                           (*FP8_ROW, "const uint8_t*", "const float*", f"{BF}*", "int"))
 
 
@@ -130,8 +134,8 @@ def wxay_split(k: int) -> KernelInstance:
                                                                                    *FP8_ROW))
 
 
-def wxay_split_list(k: int, nseg: int) -> KernelInstance:
-    return KernelInstance("wxay", wxay.HEADER, f"kbp::wxay_rowscale_split_list<{k}, {nseg}>",
+def wxay_split_list(k: int, nseg: int, exact: bool = False) -> KernelInstance:
+    return KernelInstance("wxay", wxay.HEADER, f"kbp::wxay_rowscale_split_list<{k}, {nseg}{_exact_arg(exact)}>",
                           (f"kbp::WxaySegList<{nseg}>", *FP8_ROW))
 
 

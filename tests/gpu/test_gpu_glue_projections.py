@@ -126,3 +126,40 @@ def test_wxay_split_list(k, ns):
                                              g.to_gpu(asc))
     for i, (y, want) in enumerate(zip(ys, ref_wxay.wxay_split(ac, asc, weights))):
         assert_bf16_close(g.fetch(y, f"split {i}")[None], want, f"split {i}", 0.999)
+
+
+def _e4m3_codes(shape) -> np.ndarray:
+    """Random E4M3 codes over the whole format (every exponent, subnormals, both signs; no NaN), so
+    128-wide chunk sums span far more than FP32's 24 bits: where an FP32 chunk sum rounds."""
+    codes = RNG.integers(0, 256, shape, dtype=np.uint8)
+    return np.where((codes & 0x7F) == 0x7F, codes ^ 0x01, codes).astype(np.uint8)
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (4096, 16384), (48, 2176), (16, 128)])
+def test_wxay_rowscale_exact_is_the_reference(n, k):
+    """The exact form (numerics `exact`, wxay_rowscale<K, true>): bit for bit the reference, on codes
+    spread over the whole E4M3 range, where the tensor-core form's chunk sums round."""
+    g = _gpu()
+    ac, wc = _e4m3_codes((1, k)), _e4m3_codes((n, k))
+    asc = np.array([0.5], np.float32)
+    wsc = (RNG.random(n).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -12)
+    y = g.poisoned((n,), np.uint16)
+    launcher(ki.wxay_rowscale(k, exact=True))((n // 16, 1, 1), BLOCK, g.to_gpu(ac), g.to_gpu(asc), g.to_gpu(wc),
+                                              g.to_gpu(wsc), y, np.int32(n))
+    assert_bf16_equal(g.fetch(y)[None], ref_wxay.wxay_rowscale(ac, asc, wc, wsc), f"wxay exact n={n} k={k}")
+
+
+@pytest.mark.parametrize("k,ns", WXAY_LISTS)
+def test_wxay_split_list_exact_is_the_reference(k, ns):
+    g = _gpu()
+    weights = [(_e4m3_codes((n, k)), np.full(n, 2.0 ** -12, np.float32)) for n in ns]
+    ac, asc = _e4m3_codes((1, k)), np.array([0.25], np.float32)
+    dev = [(g.to_gpu(c), g.to_gpu(s)) for c, s in weights]
+    ys = [g.poisoned((n,), np.uint16) for n in ns]
+    table = seg_table([(int(c.gpudata), int(s.gpudata), int(y.gpudata), n, 0)
+                       for (c, s), y, n in zip(dev, ys, ns)], WXAY_SEG)
+    launcher(ki.wxay_split_list(k, len(ns), exact=True))((sum(n // 16 for n in ns), 1, 1), BLOCK, table,
+                                                         g.to_gpu(ac), g.to_gpu(asc))
+    for i, (y, want) in enumerate(zip(ys, ref_wxay.wxay_split(ac, asc, weights))):
+        assert_bf16_equal(g.fetch(y, f"split {i}")[None], want, f"exact split {i}")
+

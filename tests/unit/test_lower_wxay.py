@@ -11,9 +11,9 @@ from kbpc.testing.lowering import family_groups, planned, unwritten
 RULES = {"glm_w8a8_dsa_proj_in_split4", "glm_w8a8_dsa_mb1_ku8", "glm_w8a8_index_kgate_1row"}
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_path):
-    return planned(str(tiny_path))
+@pytest.fixture(scope="module", params=["fast", "exact"])
+def tiny(tiny_path, request):
+    return planned(str(tiny_path), numerics=request.param)
 
 
 def test_launches(tiny):
@@ -27,15 +27,16 @@ def test_launches(tiny):
         k, a = x.dim_value, ctx.quant(x)
         (launch,) = launches
         ns = [ctx.output(n).dim_value for n in nodes]
+        exact = ", true" if plan.options.numerics == "exact" else ""   # the FP64 chunk-sum form
         assert launch.grid == (sum(n // 16 for n in ns), 1, 1) and launch.block == (256, 1, 1)
         if len(nodes) == 1:
             node, y = nodes[0], ctx.output(nodes[0])
-            assert launch.instance.kernel == f"kbp::wxay_rowscale<{k}>"
+            assert launch.instance.kernel == f"kbp::wxay_rowscale<{k}{exact}>"
             assert launch.args == (a.codes, a.scales, ctx.weight(node), ctx.weight(node, "weight_scale", "float"),
                                    ctx.buf(y), lit(y.dim_value))
         else:
             assert g.rule == "glm_w8a8_dsa_proj_in_split4"
-            assert launch.instance.kernel == f"kbp::wxay_rowscale_split_list<{k}, {len(nodes)}>"
+            assert launch.instance.kernel == f"kbp::wxay_rowscale_split_list<{k}, {len(nodes)}{exact}>"
             assert launch.instance.params == (f"kbp::WxaySegList<{len(nodes)}>", "const uint8_t*", "const float*")
             assert launch.args[1:] == (a.codes, a.scales)
             for node, n in zip(nodes, ns):
