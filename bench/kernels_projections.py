@@ -190,7 +190,8 @@ def w4a4_slots_bf16(name, n, k, slots, shared):
 
 
 def w4a4_quant_swiglu(rows, k):
-    """The down projection's input rows: SwiGLU + NVFP4 quantization, one CTA per slot."""
+    """The down projection's input rows: SwiGLU + NVFP4 quantization, one value a thread."""
+    from kbpc.codegen.families.w4a4_mx_static import quant_swiglu_grid  # noqa: PLC0415
     from kbpc.testing.instances import w4a4_quant_swiglu_rows_static  # noqa: PLC0415
     inst = w4a4_quant_swiglu_rows_static(k)
 
@@ -202,7 +203,7 @@ def w4a4_quant_swiglu(rows, k):
 
         def launch(i, stream=None):
             gu, c, sc, g = sets[i % len(sets)]
-            run((rows, 1, 1), (256, 1, 1), gu, 7.0, 1.0, c, sc, g, pdl=True, sync=False, stream=stream)
+            run(quant_swiglu_grid(k, rows), (256, 1, 1), gu, 7.0, 1.0, c, sc, g, pdl=True, sync=False, stream=stream)
         return launch
     return Case("w4a4_mx_static::quant_swiglu_rows", f"{rows}x{k}", rows * (4 * k + k // 2 + k // 16 + 4), setup)
 

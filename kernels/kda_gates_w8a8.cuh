@@ -14,7 +14,8 @@
 //     decay:   (m, N) FP32 log decay g;  og: (m, N) BF16 output gate;  beta: (m, H) FP32.
 //     f_out:   (m, N) BF16 f, or nullptr (f is normally consumed in the epilogue only).
 //     grid = (2 * kda_gates_blocks<N, WARPS>()): the first half computes f (+ decay), the second
-//     half o_g; block 0 also writes beta. block = (32 * WARPS); no shared memory.
+//     half o_g; block 0 also writes beta (last). block = (32 * WARPS); no shared memory.
+//     Weights, scales, a_log and dt_bias are read before pdl_wait; x and b after it.
 //     N % 16 == 0, K % 128 == 0, N % DK == 0.
 // Math
 //   s_a = max(max_k |x_k| / 448, 1e-12) per row (exact max), x_hat = sat_e4m3(clamp(x / s_a, +-448)).
@@ -207,12 +208,70 @@ __device__ __forceinline__ void gates_tile_mma(const uint8_t* w, int n0, int g, 
 __device__ __forceinline__ float gates_row_value(float acc, float sw, float sa) {
     return round_bf16(acc * (sw * sa));
 }
-__device__ __forceinline__ float kda_decay_gate(float f, float a_log, float dt_bias, float lower_bound) {
-    const float z = kbp::exp_f32(a_log) * (f + dt_bias);
+__device__ __forceinline__ float kda_decay_gate_exp_a(float f, float exp_a, float dt_bias, float lower_bound) {
+    const float z = exp_a * (f + dt_bias);
     return lower_bound * (1.0f / (1.0f + kbp::exp_f32(-z)));
+}
+__device__ __forceinline__ float kda_decay_gate(float f, float a_log, float dt_bias, float lower_bound) {
+    return kda_decay_gate_exp_a(f, kbp::exp_f32(a_log), dt_bias, lower_bound);
 }
 __device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + kbp::exp_f32(-b)); }
 
+// Per-token quantization by the whole warp (the launch's latency path): lane L quantizes values
+// c*128 + 4L .. +3 of every chunk c of row r into one code word, then lane (g, t) collects the
+// eight words 8t .. 8t+7 of each chunk of its own token g with shuffles. The same scale and the
+// same per-value expression as quantize_token_slice, so the same codes; rows g >= m stay zero.
+// sa[r] is token r's scale (every lane holds all m of them).
+template <int K>
+__device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x_stride, int m, int g,
+                                                   int t, int lane, uint32_t (&xq)[K / 128][8],
+                                                   float (&sa)[8]) {
+    constexpr int KC = K / 128;
+#pragma unroll
+    for (int c = 0; c < KC; ++c)
+#pragma unroll
+        for (int w = 0; w < 8; ++w) xq[c][w] = 0u;
+    uint2 raw[8][KC];  // every row's loads in flight at once
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int c = 0; c < KC; ++c)
+            raw[r][c] = r < m ? ld_step(reinterpret_cast<const uint2*>(x + (long)r * x_stride + c * 128 + 4 * lane))
+                              : make_uint2(0u, 0u);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        sa[r] = 1.0f;
+        if (r >= m) continue;  // warp-uniform
+        float v[KC][4], amax = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[r][c].x));
+            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[r][c].y));
+            v[c][0] = a.x; v[c][1] = a.y; v[c][2] = b.x; v[c][3] = b.y;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[c][e]));
+        }
+        amax = warp_max_xor(amax);
+        const float s = fmaxf(amax / 448.0f, 1e-12f);  // token_scale's expression
+        sa[r] = s;
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            float q[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) q[e] = fminf(fmaxf(v[c][e] / s, -448.0f), 448.0f);
+            const uint32_t word = e4m3x4(q[0], q[1], q[2], q[3]);
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+                const uint32_t got = __shfl_sync(0xffffffffu, word, 8 * t + w);
+                if (g == r) xq[c][w] = got;
+            }
+        }
+    }
+}
+
+// Everything that does not depend on the step's data is loaded before pdl_wait (the weight tile,
+// the row scales, the per-channel epilogue constants and e^A): the epilogue's loads would otherwise
+// sit between its stores, each a dependent round trip to memory.
 template <int N, int K, int DK, int WARPS>
 __device__ __forceinline__ void
 kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
@@ -228,38 +287,54 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
     static_assert(N % 16 == 0 && K % 128 == 0 && N % DK == 0, "16-row tiles, 128-wide K chunks");
     constexpr int BLOCKS = kda_gates_blocks<N, WARPS>();
     constexpr int H = N / DK;
-    if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
-        for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
-            const int r = i / H, h = i % H;
-            beta[(long)r * beta_stride + h] = kda_beta_gate(bf16_to_f32(b[(long)r * b_stride + h]));
-        }
     const bool seg_f = blockIdx.x < BLOCKS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n0 = ((seg_f ? blockIdx.x : blockIdx.x - BLOCKS) * WARPS + warp) * 16;
-    if (n0 >= N) return;  // warp-uniform; no barriers follow
     const int g = lane / 4, t = lane % 4;
+    const bool rows = n0 < N;  // warp-uniform
 
-    uint32_t xq[K / 128][8];
-    const __nv_bfloat16* x = seg_f ? xf : xg;
-    const float sa_mine = quantize_token_slice<K>(x + (long)g * x_stride, g < m, t, xq);
-    float acc[4];
-    gates_tile_mma<K>(seg_f ? wf : wg, n0, g, t, xq, acc);
-
-    const float* sw = seg_f ? swf : swg;
+    GatesTile<K> tile;
+    float sw[2], exp_a[2], bias[2];
+    if (rows) {
+        gates_tile_load<K>(seg_f ? wf : wg, n0, g, t, tile);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const int tok = 2 * t + (e & 1);
-        const int n = n0 + g + (e >> 1) * 8;
-        const float sa = __shfl_sync(0xffffffffu, sa_mine, 4 * tok);
-        if (tok >= m) continue;
-        const float fb = gates_row_value(acc[e], sw[n], sa);
-        if (seg_f) {
-            if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(fb);
-            decay[(long)tok * decay_stride + n] = kda_decay_gate(fb, a_log[n / DK], dt_bias[n], lower_bound);
-        } else {
-            og[(long)tok * og_stride + n] = f32_to_bf16(fb);
+        for (int h = 0; h < 2; ++h) {
+            const int n = n0 + g + 8 * h;
+            sw[h] = __ldg((seg_f ? swf : swg) + n);
+            exp_a[h] = seg_f ? kbp::exp_f32(__ldg(a_log + n / DK)) : 0.0f;
+            bias[h] = seg_f ? __ldg(dt_bias + n) : 0.0f;
         }
     }
+    pdl_wait();   // PDL: nothing below reads step data before the previous kernel completes
+
+    if (rows) {
+        uint32_t xq[K / 128][8];
+        float sa[8];
+        quantize_rows_warp<K>(seg_f ? xf : xg, x_stride, m, g, t, lane, xq, sa);
+        float acc[4];
+        gates_tile_mma<K>(tile, xq, acc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int tok = 2 * t + (e & 1), h = e >> 1;
+            const int n = n0 + g + 8 * h;
+            if (tok >= m) continue;
+            float sa_tok = sa[0];
+#pragma unroll
+            for (int r = 1; r < 8; ++r) sa_tok = tok == r ? sa[r] : sa_tok;
+            const float fb = gates_row_value(acc[e], sw[h], sa_tok);
+            if (seg_f) {
+                if (f_out != nullptr) f_out[(long)tok * f_stride + n] = f32_to_bf16(fb);
+                decay[(long)tok * decay_stride + n] = kda_decay_gate_exp_a(fb, exp_a[h], bias[h], lower_bound);
+            } else {
+                og[(long)tok * og_stride + n] = f32_to_bf16(fb);
+            }
+        }
+    }
+    if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
+        for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
+            const int r = i / H, hh = i % H;
+            beta[(long)r * beta_stride + hh] = kda_beta_gate(bf16_to_f32(ld_step(b + (long)r * b_stride + hh)));
+        }
 }
 
 template <int N, int K, int DK, int WARPS>
@@ -275,8 +350,7 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                          float* beta, int beta_stride,
                          __nv_bfloat16* f_out, int f_stride) {
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,
+    kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,  // pdl_wait inside
         dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
         f_out, f_stride);
 }

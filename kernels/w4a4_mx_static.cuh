@@ -16,7 +16,8 @@
 //       w4a4_quant_rows_static fused into w4a4_gemv_moe_slots (same grid): each CTA quantizes its
 //       BF16 activation row x[s / act_div] (K values) with gamma straight into shared memory, the
 //       same device functions in the same order, so the bytes equal the two-kernel path's.
-//   w4a4_quant_swiglu_rows_static<K>(gate_up, limit, gamma, a_codes, a_scales, a_g)   grid = m rows
+//   w4a4_quant_swiglu_rows_static<K>(gate_up, limit, gamma, a_codes, a_scales, a_g)
+//       grid = (ceil(K / 256), m rows), block 256 (one value a thread)
 //       The routed clamped SwiGLU of [gate | up] BF16 rows (2K each), rounded to BF16 as
 //       glm_swiglu_clamp stores it, quantized as w4a4_quant_rows_static: the down projection's
 //       input rows in one launch (rule moe_swiglu_down).
@@ -147,9 +148,35 @@ __device__ __forceinline__ void swiglu_quant_group(const __nv_bfloat16* gate_up,
     nvfp4_quant_group(v, gamma, inv_g, codes, scale);
 }
 
-// The down projection's input rows, quantized once per slot (grid = rows, block 256): row r's
-// clamped SwiGLU of gate_up[r] (2K BF16), rounded to BF16, NVFP4 with gamma, as
-// w4a4_quant_rows_static would write it from the stored SwiGLU row (a_g[r] = gamma).
+// One NVFP4 group held one value per lane by 16 consecutive lanes (lane16 = lane % 16): what
+// nvfp4_quant_group does to the 16 values, spread so that each lane pays one value's latency. The
+// group max over the 16 lanes is exact in any order; the scale, the denominator and each value's
+// code are nvfp4_quant_group's expressions; the codes are packed by an OR over 8-lane runs. Lane
+// 0 of the 16 stores the 8 code bytes and the scale byte. All 16 lanes of the
+// half-warp (threadIdx.x & 16) must call it together.
+__device__ __forceinline__ void nvfp4_quant_group_lanes(float v, int lane16, float g, float inv_g,
+                                                        uint8_t* codes, uint8_t* scale) {
+    const unsigned half = 0xffffu << (threadIdx.x & 16);
+    float m = fabsf(v);
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, off));
+    const uint8_t sc = f32_to_e4m3(__fmul_rn(__fdiv_rn(m, 6.0f), inv_g));
+    const float s = e4m3_to_f32(sc), denom = __fmul_rn(s, g);
+    uint32_t w = (s == 0.0f ? 0u : f32_to_e2m1(__fdiv_rn(v, denom))) << (4 * (lane16 & 7));
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) w |= __shfl_xor_sync(half, w, off);
+    const uint32_t hi = __shfl_down_sync(half, w, 8);
+    if (lane16 == 0) {
+        *reinterpret_cast<uint2*>(codes) = make_uint2(w, hi);
+        *scale = sc;
+    }
+}
+
+// The down projection's input rows, quantized once per slot: row r = blockIdx.y's clamped SwiGLU
+// of gate_up[r] (2K BF16), each value rounded to BF16 as glm_swiglu_clamp stores it, NVFP4 with
+// gamma, as w4a4_quant_rows_static would write it from the stored SwiGLU row (a_g[r] = gamma).
+// grid = (ceil(K / 256), rows), block 256: one value a thread (nvfp4_quant_group_lanes), so the
+// latency is one SwiGLU and one group's shuffles, not sixteen values' chain in one thread.
 template <int K>
 __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_bfloat16* gate_up,
                                                                       float limit, float gamma,
@@ -158,13 +185,17 @@ __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_
                                                                       float* a_g) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
-    ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
-    const size_t r = blockIdx.x;
     const float inv_g = __fdiv_rn(1.0f, gamma);
-    for (int j = threadIdx.x; j < K / 16; j += 256)
-        swiglu_quant_group<K>(gate_up + r * (2 * (size_t)K), j, limit, gamma, inv_g, a_codes + r * (K / 2) + 8 * j,
-                              a_scales + r * (K / 16) + j);
-    if (threadIdx.x == 0) a_g[r] = gamma;
+    ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
+    const size_t r = blockIdx.y;
+    const int i = blockIdx.x * 256 + threadIdx.x;  // K % 16 == 0: a group is all in or all out
+    if (i >= K) return;                             // whole 16-lane groups leave together
+    const __nv_bfloat16* row = gate_up + r * (2 * (size_t)K);
+    const float v = round_bf16(swiglu_clamp_element(bf16_to_f32(ld_step(row + i)),
+                                                    bf16_to_f32(ld_step(row + K + i)), limit));
+    const int j = i / 16;
+    nvfp4_quant_group_lanes(v, threadIdx.x & 15, gamma, inv_g, a_codes + r * (K / 2) + 8 * j, a_scales + r * (K / 16) + j);
+    if (i == 0) a_g[r] = gamma;
 }
 
 // The routed gate/up slot GEMV with the down projection's input in its epilogue (rule

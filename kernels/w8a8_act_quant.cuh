@@ -1,7 +1,8 @@
 // w8a8_act_quant.cuh: dynamic FP8 E4M3 activation quantizers (family w8a8_act_quant).
 //
-// Entries (one 256-thread CTA per row, grid = m rows, no dynamic smem; rows 16-byte aligned):
-//   w8a8_act_quant_row<K>(x, q, s)            per token: q (m, K) E4M3 codes, s (m,) FP32.  K % 8 == 0
+// Entries (256-thread CTAs, grid = m rows, no dynamic smem; rows 16-byte aligned):
+//   w8a8_act_quant_row<K, SPLIT = 1>(x, q, s) per token: q (m, K) E4M3 codes, s (m,) FP32.  K % 8 == 0
+//                                             grid (m, SPLIT): SPLIT CTAs per row (quant_row_impl)
 //   w8a8_act_quant_g128<K>(x, q, s)           per 128 group: s (m, K/128).                K % 128 == 0
 //   w8a8_act_quant_silu_row<K>(g, u, q, s)    input v = rn_bf16((g * sigma(g)) * u)
 //   w8a8_act_quant_silu_g128<K>(g, u, q, s)
@@ -56,11 +57,15 @@ __device__ __forceinline__ uint2 fp8_encode8(const float (&v)[8], float s) {
     return make_uint2(w[0], w[1]);
 }
 
-template <int K, bool SILU>
+// SPLIT CTAs share a row (blockIdx.y): each reads the whole row for the exact max (the same value
+// in every CTA) and encodes the vectors of its own PER-slices j with j % SPLIT == blockIdx.y. The
+// encoding (a correctly rounded division per value) is the latency; the row's re-reads hit L2.
+template <int K, bool SILU, int SPLIT = 1>
 __device__ __forceinline__ void quant_row_impl(const __nv_bfloat16* x, const __nv_bfloat16* u,
                                                uint8_t* q, float* s_out) {
     static_assert(K % 8 == 0, "rows are read as 8-element vectors");
     constexpr int NV = K / 8, PER = (NV + 255) / 256;
+    static_assert(SPLIT >= 1 && SPLIT <= PER, "at most one CTA per 256-vector slice");
     __shared__ float red[8];
     float v[PER][8], m = 0.0f;
 #pragma unroll
@@ -82,9 +87,9 @@ __device__ __forceinline__ void quant_row_impl(const __nv_bfloat16* x, const __n
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         int vi = threadIdx.x + 256 * j;
-        if (vi < NV) reinterpret_cast<uint2*>(q)[vi] = fp8_encode8(v[j], s);
+        if (vi < NV && (SPLIT == 1 || j % SPLIT == (int)blockIdx.y)) reinterpret_cast<uint2*>(q)[vi] = fp8_encode8(v[j], s);
     }
-    if (threadIdx.x == 0) *s_out = s;
+    if (threadIdx.x == 0 && (SPLIT == 1 || blockIdx.y == 0)) *s_out = s;
 }
 
 template <int K, bool SILU>
@@ -107,19 +112,19 @@ __device__ __forceinline__ void quant_g128_impl(const __nv_bfloat16* x, const __
     }
 }
 
-template <int K>
+template <int K, int SPLIT = 1>
 __device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* x,
                                                           uint8_t* q, float* s) {
     const size_t r = blockIdx.x;
-    quant_row_impl<K, false>(x + r * K, nullptr, q + r * K, s + r);
+    quant_row_impl<K, false, SPLIT>(x + r * K, nullptr, q + r * K, s + r);
 }
 
-template <int K>
+template <int K, int SPLIT = 1>
 __global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* x,
                                                           uint8_t* q, float* s) {
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    w8a8_act_quant_row_dev<K>(x, q, s);
+    w8a8_act_quant_row_dev<K, SPLIT>(x, q, s);
 }
 
 template <int K>

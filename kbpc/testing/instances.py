@@ -150,10 +150,12 @@ def wxay_split_ks(k: int, warps: int, nseg: int) -> KernelInstance:
                           (f"kbp::WxaySegList<{nseg}>", *FP8_ROW, "float*", "unsigned int*"))
 
 
-def w8a8_quant(k: int, form: str = "row") -> KernelInstance:
-    """form: row (lowered), g128, silu_row, silu_g128 (the SiLU forms read gate and up rows)."""
+def w8a8_quant(k: int, form: str = "row", split: int = 1) -> KernelInstance:
+    """form: row (lowered; split CTAs per row as w8a8_act_quant.row_split picks), g128, silu_row,
+    silu_g128 (the SiLU forms read gate and up rows)."""
     ins = (f"const {BF}*", f"const {BF}*") if form.startswith("silu") else (f"const {BF}*",)
-    return KernelInstance("w8a8_act_quant", w8a8_act_quant.HEADER, f"kbp::w8a8_act_quant_{form}<{k}>",
+    targs = f"{k}" if split == 1 else f"{k}, {split}"
+    return KernelInstance("w8a8_act_quant", w8a8_act_quant.HEADER, f"kbp::w8a8_act_quant_{form}<{targs}>",
                           (*ins, *QUANT_OUT))
 
 
@@ -266,7 +268,7 @@ MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::w4a4_quant_swiglu_rows_static": w4a4_quant_swiglu_rows_static,
     "kbp::w4a4_gemv_moe_gate_up_swiglu": w4a4_moe_gate_up_swiglu,
     "kbp::wxay_rowscale": wxay_rowscale, "kbp::wxay_rowscale_split_list": wxay_split_list,
-    "kbp::w8a8_act_quant_row": lambda k: w8a8_quant(k, "row"),
+    "kbp::w8a8_act_quant_row": lambda k, split=1: w8a8_quant(k, "row", split),
     "kbp::swiglu_clamp": swiglu, "kbp::moe_combine": moe_combine, "kbp::embed_copy": embed,
     "kbp::mhc::hc_expand": hc_expand, "kbp::mhc::hc_post": hc_post, "kbp::mhc::hc_head": hc_head,
     "kbp::kda_pack_qkv_bf16": kda_pack, "kbp::causal_conv1d_update_l2norm": causal_conv,

@@ -13,6 +13,7 @@ from kbpc.reference import w4a4_mx_static as ref_w4a4s
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_nvfp4, quantize_nvfp4_static, to_bf16
 from kbpc.reference.glm_swiglu_clamp import swiglu_clamp_rows
 from kbpc.codegen.families import w4a4_mx_static
+from kbpc.codegen.families.w4a4_mx_static import quant_swiglu_grid
 from kbpc.testing.instances import w4a4_moe_slots, w4a4_quant_swiglu_rows_static
 
 pytestmark = pytest.mark.gpu
@@ -62,7 +63,8 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     quant, slots = w4a4_quant_swiglu_rows_static(k), w4a4_moe_slots(k)
     c, s, a = (gpu.poisoned((top_k, k // 2), np.uint8), gpu.poisoned((top_k, k // 16), np.uint8),
                gpu.poisoned((top_k,), np.float32))
-    launcher(quant)((top_k, 1, 1), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)), LIMIT, gamma, c, s, a, pdl=True)
+    launcher(quant)(quant_swiglu_grid(k, top_k), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)), LIMIT, gamma, c, s, a,
+                    pdl=True)
     packed, scales, g = quantize_nvfp4_static(h, gamma)
     # codes and scales are raw bytes (any value, the poison byte included): compared, not poison-checked
     assert np.array_equal(c.get(), packed) and np.array_equal(s.get(), scales)
@@ -72,6 +74,27 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     launcher(slots)((n // 16, top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
                     gpu.to_gpu(wg), y, n, pdl=True)
     _assert_equal(gpu.fetch(y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids), f"pair n={n} k={k}")
+
+
+@pytest.mark.parametrize("k", [16, 48, 1040, 2064])
+def test_swiglu_quant_rows_at_widths_of_half_warps(k):
+    """w4a4_quant_swiglu_rows_static where a row ends inside a warp (K % 32 == 16) or inside a CTA:
+    the bytes of the reference's clamped SwiGLU and static quantization, a zero row included."""
+    from kbpc.testing import gpu
+    from kbpc.testing.launchers import launcher
+
+    rows = 3
+    gu = to_bf16(RNG.standard_normal((rows, 2 * k)).astype(np.float32) * np.float32(4.0))
+    gu[1] = 0.0
+    h = swiglu_clamp_rows(gu, LIMIT)
+    gamma = np.float32(max(np.abs(h).max(), 1.0) / 2688)
+    c, s, a = (gpu.poisoned((rows, k // 2), np.uint8), gpu.poisoned((rows, k // 16), np.uint8),
+               gpu.poisoned((rows,), np.float32))
+    launcher(w4a4_quant_swiglu_rows_static(k))(quant_swiglu_grid(k, rows), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)),
+                                               LIMIT, gamma, c, s, a, pdl=True)
+    packed, scales, _ = quantize_nvfp4_static(h, gamma)
+    assert np.array_equal(c.get(), packed) and np.array_equal(s.get(), scales)
+    assert np.array_equal(gpu.fetch(a, "g"), np.full(rows, gamma, np.float32))
 
 
 GATE_UP_SIZES = [(4096, 2048, 10, 8), (2176, 48, 5, 4), (1024, 3584, 6, 6), (7168, 272, 4, 3)]

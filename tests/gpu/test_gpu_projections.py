@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families import w8a8_act_quant
 from kbpc.codegen.families._projection import BF16, BLOCK
 from kbpc.reference import dense_bf16 as ref_dense
 from kbpc.reference import w4a4_mx as ref_w4a4
@@ -102,6 +103,7 @@ def instances():
     out += [ki.w4a4_gemv(k) for _, k in W4A4_SHAPES] + [ki.w4a4_moe_slots(k) for _, k, *_ in W4A4_MOE_SHAPES]
     out += [ki.wxay_rowscale(k) for _, k in WXAY_SHAPES] + [ki.wxay_split(k) for k, _ in WXAY_SPLITS]
     out += [ki.w8a8_quant(k, f) for k in W8A8_KS for f in ("row", "g128") if f == "row" or k % 128 == 0]
+    out += [ki.w8a8_quant(k, "row", s) for k in W8A8_KS for s in _w8a8_splits(k) if s > 1]
     out += [ki.w8a8_quant(k, f) for k in W8A8_SILU_KS for f in ("silu_row", "silu_g128")]
     return out
 
@@ -274,6 +276,27 @@ def test_wxay_split(k, ns):
 
 
 # ------------------------------------------------------------------ w8a8_act_quant
+
+def _w8a8_splits(k):
+    """The lowering's CTAs per row for k, and every other split the row's 256-vector slices allow
+    up to 3 (the split form must give the same bytes whatever the split)."""
+    slices = -(-(k // 8) // BLOCK[0])
+    return sorted({w8a8_act_quant.row_split(k), *range(1, min(slices, 3) + 1)})
+
+
+@pytest.mark.parametrize("k", W8A8_KS)
+def test_w8a8_act_quant_split_rows(k):
+    g = _gpu()
+    m = 3
+    x = bf16_input((m, k), 3.0)
+    x[2, k // 3] = -97.0  # the max sits in one CTA's slice only
+    xd = g.to_gpu(bf16_bits(x))
+    wq, ws = ref_w8a8.quant_row(x)
+    for split in _w8a8_splits(k):
+        q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
+        launcher(ki.w8a8_quant(k, "row", split))((m, split, 1), BLOCK, xd, q, s)
+        assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), f"split {split}"
+
 
 @pytest.mark.parametrize("k", W8A8_KS)
 def test_w8a8_act_quant(k):

@@ -105,14 +105,15 @@ def test_fused_state_sizes(tiny_default):
 
 @pytest.mark.parametrize("e", [1, 8, 33, 128, 256, 288, 512, 700, 1024])
 def test_fused_outputs_per_cta(e):
-    """At least the dense GEMV's outputs per CTA; more only until the top-k's CTA plays at most 4
-    experts a thread (or it has 256 threads)."""
+    """At least the dense GEMV's outputs per CTA; more only until the top-k's CTA plays at most
+    FUSED_EXPERTS_PER_THREAD experts a thread (or it has 256 threads)."""
     from kbpc.codegen.families.dense_bf16 import outputs_per_cta
+    per = glm_router_topk.FUSED_EXPERTS_PER_THREAD
     opc = glm_router_topk.fused_outputs_per_cta(e)
     assert opc in (1, 2, 4) and opc >= outputs_per_cta(e)
-    assert opc == 4 or 4 * 64 * opc >= glm_router_topk.router_threads(e)
-    assert opc == outputs_per_cta(e) or 4 * 32 * opc < glm_router_topk.router_threads(e)
-    assert {128: 1, 288: 2, 1024: 4}.get(e, opc) == opc
+    assert opc == 4 or per * 64 * opc >= glm_router_topk.router_threads(e)
+    assert opc == outputs_per_cta(e) or per * 32 * opc < glm_router_topk.router_threads(e)
+    assert {8: 1, 128: 2, 288: 4, 1024: 4}.get(e, opc) == opc
 
 
 def test_fused_refuses_other_renorm_eps(tiny_default):

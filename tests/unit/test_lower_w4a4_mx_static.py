@@ -76,7 +76,7 @@ def test_swiglu_fused_into_down(tiny_path):
         rows = (ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
                 ctx.state(f"{quant.id}.g", "float"))
         assert quant_launch.instance.kernel == f"kbp::w4a4_quant_swiglu_rows_static<{k}>"
-        assert quant_launch.grid == (top_k, 1, 1) and ctx.rows(gu) == top_k and gu.dim_value == 2 * k
+        assert quant_launch.grid == (-(-k // 256), top_k, 1) and ctx.rows(gu) == top_k and gu.dim_value == 2 * k
         assert quant_launch.args[0] == ctx.buf(gu, f"const {BF}") and quant_launch.args[3:] == rows
         assert quant_launch.args[1].value == pytest.approx(ctx.c.swiglu_limit)
         assert quant_launch.args[2] == ctx.weight_value(expert, "input_scale")

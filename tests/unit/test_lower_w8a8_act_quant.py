@@ -22,8 +22,17 @@ def test_launches(tiny):
         node = plan.blueprint.node_by_id[g.nodes[0]]
         x, q = ctx.input(node), ctx.output(node)
         out = ctx.quant(q)
-        assert launch.instance.kernel == f"kbp::w8a8_act_quant_row<{x.dim_value}>"
+        split = w8a8_act_quant.row_split(x.dim_value)
+        targs = f"{x.dim_value}" if split == 1 else f"{x.dim_value}, {split}"
+        assert launch.instance.kernel == f"kbp::w8a8_act_quant_row<{targs}>"
         assert launch.instance.params == ("const __nv_bfloat16*", "uint8_t*", "float*")
-        assert launch.grid == (ctx.rows(x), 1, 1) and launch.block == (256, 1, 1) and launch.smem == 0
+        assert launch.grid == (ctx.rows(x), split, 1) and launch.block == (256, 1, 1) and launch.smem == 0
         assert launch.args == (ctx.buf(x), out.codes, out.scales)
         assert unwritten(plan, g, [launch]) == []
+
+
+@pytest.mark.parametrize("k, split", [(8, 1), (1536, 1), (2048, 1), (4096, 2), (12288, 6), (16384, 8),
+                                      (18432, 9), (65536, 32)])
+def test_row_split_gives_each_thread_one_vector_at_most(k, split):
+    """One CTA per 256-vector slice of the row: a thread encodes one 8-value vector."""
+    assert w8a8_act_quant.row_split(k) == split == -(-(k // 8) // 256)

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 HEADER = "glm_router_topk.cuh"
 KERNEL_RENORM_EPS = np.float32(1e-20)   # the kernel's fixed renormalisation epsilon
 MAX_EXPERTS, MAX_SLOTS = 1024, 32       # router_topk_row's limits
-FUSED_EXPERTS_PER_THREAD = 4            # the fused top-k's CTA plays at most this many experts a thread
+# The fused top-k's CTA plays at most this many experts a thread (while 256 threads allow): its
+# ranking is serial per expert, and it runs in one CTA after the whole GEMV (the step's latency).
+FUSED_EXPERTS_PER_THREAD = 1
 FUSED_PARAMS = ("const __nv_bfloat16*", "const __nv_bfloat16*", "const float*", "float", "float*",
                 "unsigned int*", "float*", "int*")
 QUANT_PARAMS = ("float", "uint8_t*", "uint8_t*", "float*")   # gamma, codes, scales, global scales

@@ -88,6 +88,11 @@ def slots_instance(k: int) -> KernelInstance:
                           ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
 
 
+def quant_swiglu_grid(k: int, rows: int) -> tuple[int, int, int]:
+    """w4a4_quant_swiglu_rows_static's grid: one value a thread, 256-thread CTAs, a row per grid row."""
+    return (-(-k // BLOCK[0]), rows, 1)
+
+
 def quant_swiglu_instance(k: int) -> KernelInstance:
     """The routed SwiGLU + NVFP4 quantizer of the down projection's input (rule moe_swiglu_down)."""
     return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_swiglu_rows_static<{k}>",
@@ -157,7 +162,7 @@ def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
     # rule moe_swiglu_down
     slots, div = _slot_shape(ctx, node, expert_ids(ctx, node), ctx.rows(gu))
     require(div == 1, f"a fused SwiGLU input needs one row per slot ({slots} slots, {ctx.rows(gu)} rows)", node)
-    first = Launch(quant_swiglu_instance(x.dim_value), grid=(slots, 1, 1), block=BLOCK, smem=0,
+    first = Launch(quant_swiglu_instance(x.dim_value), grid=quant_swiglu_grid(x.dim_value, slots), block=BLOCK, smem=0,
                    args=(ctx.buf(gu, f"const {BF16}"), flt(ctx.c.swiglu_limit), gamma(ctx, quant),
                          rows.codes, rows.scales, rows.globals),
                    group=group.id, nodes=(clamp.id, act.id, quant.id))
