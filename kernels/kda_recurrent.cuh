@@ -16,7 +16,8 @@
 //                Updated in place to S_T.
 //     snap:      (seqs, T-1, HV, DK, DV) FP32 snapshots S_1..S_{T-1} (T > 1 only; else nullptr).
 //     out:       (rows, HV*DV) FP32, row stride out_stride.
-//     grid = (HV, DV / COLS, seqs), block = (COLS); static shared memory 3*DK floats.
+//     grid = (HV, DV / COLS, seqs), block = (COLS); static shared memory 3*DK floats. The state
+//     columns are read before pdl_wait (nothing else in the step writes them), the rest after.
 //     Head h reads q/k head h / (HV / HK). DV % COLS == 0, COLS % 32 == 0, T in [1, 4].
 // Math (each thread owns one value column j of one head, held in DK registers across tokens)
 //   pass 1: s_i = expf(g_i) * S[i][j];  kv = sum_{i=0..DK-1} s_i * k_i   (in order, from the first term)
@@ -119,9 +120,12 @@ kda_recurrent_decode_bf16_seq_reg_dev(const __nv_bfloat16* q,
     const long seq = blockIdx.z;
     float* col = state + seq * state_stride + (long)h * DK * DV + j;
 
+    // The state is this kernel's own (the previous step's launch wrote it), so it is read before
+    // pdl_wait: under PDL the column loads overlap the kernels this one waits for.
     float S[DK];
 #pragma unroll
     for (int i = 0; i < DK; ++i) S[i] = col[(long)i * DV];
+    pdl_wait();   // PDL: q, k, v, the gates and beta come from the previous kernels
 
 #pragma unroll 1
     for (int t = 0; t < T; ++t) {
@@ -154,8 +158,7 @@ kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* q,
                                   float* state, long state_stride,
                                   float* snap, float* out, int out_stride) {
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,
+    kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,  // pdl_wait inside
         decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);
 }
 
