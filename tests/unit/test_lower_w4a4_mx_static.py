@@ -60,7 +60,7 @@ def test_fused_quant_then_slot_launches(tiny):
 
 
 def test_swiglu_fused_into_down(tiny_path):
-    """Rule moe_swiglu_down (opt-in): the routed SwiGLU group joins the down projection's group; one
+    """Rule moe_swiglu_down (a default rule): the routed SwiGLU group joins the down projection's group; one
     launch writes the quantized SwiGLU rows (one per slot), the slot GEMV reads them."""
     plan = run_pipeline(load_blueprint(tiny_path), Options(add_fusions=("moe_swiglu_down",)))
     ctx = LowerCtx(plan)
