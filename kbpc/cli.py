@@ -187,11 +187,13 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
                    "cache holds FP32 rows). Compares kbpc with implementations that do not quantize "
                    "activations; recorded in the manifest, and `verify --numerics` holds it to the fast "
                    "criterion against the reference's unquantized variant.")
-@click.option("--pdl-across-events", is_flag=True,
-              help="Experimental: also launch with PDL the first kernel after a cross-stream event wait. "
-                   "CUDA's documentation does not say how graph capture annotates the edge from the event's "
-                   "kernel; every kernel waits in griddepcontrol.wait before reading, so it is correct either "
-                   "way, but the speed is unmeasured (tests/gpu/test_gpu_pdl_events.py checks the values).")
+@click.option("--pdl-across-events/--no-pdl-across-events", default=True, show_default=True,
+              help="Also launch with PDL the first kernel after a cross-stream event wait, so its work before "
+                   "griddepcontrol.wait (weights, its own state) overlaps the kernels it waits for. Graph "
+                   "capture makes the same-stream edge programmatic; every kernel waits in griddepcontrol.wait "
+                   "before reading step data, so it is correct whichever edge capture makes "
+                   "(tests/gpu/test_gpu_pdl_events.py). Measured on an H200 (128-expert seed shrink, 1k): "
+                   "6.04-6.05 ms a step against 6.13-6.20 ms without, logits bit-equal.")
 @click.option("--max-streams", type=click.IntRange(min=1), default=4, show_default=True,
               help="Most parallel streams the scheduler may use for independent groups (1: one stream, "
                    "no events).")

@@ -114,10 +114,10 @@ def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
 # Measured on an H200 after the PDL stale-read fix (bench/NOTES.md, third 2026-12-01 session; the
 # earlier comparisons mixed correct and skipped MoE layers), 128-expert seed shrink, 1k context, the
 # default build 6.76-7.09 ms a step over five runs in the same calls.
-COMBINE_SLOWER = ("no gain measured in the step on an H200 (128-expert seed shrink, 1k context: 7.06 / 7.08 ms a "
-                  "step with moe_combine_hc and moe_combine_head vs 6.76-7.09 ms without, though the fused "
-                  "boundary alone takes 7.9 us against 8.1 us for the two launches; the fused launch waits on "
-                  "the shared expert's stream)")
+# moe_combine_hc and moe_combine_head, measured on an H200 (128-expert seed shrink, 1k context,
+# interleaved, logits bit-equal): with PDL across event waits 6.04-6.05 ms a step against 6.07-6.12
+# ms without the two rules (and 6.13-6.27 / 6.13-6.20 ms for the same pair without PDL across
+# events), so they are on by default.
 
 # Order matters where rules share ops: a group joins the first rule (in this order) that merges it,
 # so the opt-in moe_layer, when asked for, takes its groups before moe_combine_hc, moe_swiglu_down,
@@ -141,12 +141,10 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("moe_combine_hc", "glm_mhc", ("blend", "hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "blend",
                "the MoE combine runs as the boundary kernel's prologue (hc_boundary with PreParams<N, 1, K>): "
                "the blend's launch, its dependency and its BF16 row in memory go; the merged group keeps the "
-               "blend's wait on the shared expert's stream", _blend_feeds_post_only, tensor_parallel=False,
-               default=False, off_by_default_why=COMBINE_SLOWER),
+               "blend's wait on the shared expert's stream", _blend_feeds_post_only, tensor_parallel=False),
     FusionRule("moe_combine_head", "glm_mhc", ("blend", "hc_post", "hc_contract", "final_norm"), "blend",
                "the last MoE layer's combine runs inside the head + final norm kernel: one launch and one "
-               "dependency fewer", _blend_feeds_post_only, tensor_parallel=False, default=False,
-               off_by_default_why=COMBINE_SLOWER),
+               "dependency fewer", _blend_feeds_post_only, tensor_parallel=False),
     FusionRule("hc_boundary", "glm_mhc", ("hc_post", "linear:hc_mix", "hc_pre", "rms_norm"), "hc_post",
                "the post-mix runs inside the next site's pre-mix kernel (hc_boundary, kSrcPost): one launch "
                "and one pass over the streams fewer per boundary"),

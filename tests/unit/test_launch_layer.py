@@ -54,7 +54,7 @@ def test_pdl_marks_launches_after_a_kernel_on_their_stream(tiny_steps):
     marked = 0
     for g in on.groups:
         for i, launch in enumerate(g.launches):
-            want = g.stream in seen and not (i == 0 and g.waits)
+            want = g.stream in seen   # after an event wait too (Options.pdl_across_events, the default)
             assert launch.pdl == want, (g.group, i)
             marked += want
             seen.add(g.stream)
@@ -126,8 +126,10 @@ def test_mark_pdl_with_and_without_event_waits(across):
 
 
 def test_pdl_across_events_marks_the_launches_after_event_waits(tiny_path, tiny_steps):
-    across = build_step(run_pipeline(load_blueprint(Path(tiny_path)), Options(pdl_across_events=True)), "x")
-    default = tiny_steps[True]
+    """On by default: against --no-pdl-across-events, exactly the first launches after event waits
+    gain the PDL attribute."""
+    across = tiny_steps[True]
+    default = build_step(run_pipeline(load_blueprint(Path(tiny_path)), Options(pdl_across_events=False)), "x")
     added = [(g.group, i) for g, d in zip(across.groups, default.groups)
              for i, (a, b) in enumerate(zip(g.launches, d.launches)) if a.pdl != b.pdl]
     assert added, "the tiny example has launches after event waits on streams with kernels"
