@@ -6,11 +6,11 @@
 # out/seed-*.kbp decoded and benchmarked, then the GPU tests named by GPU_TESTS (default: all).
 # Bundles are compiled beforehand on any machine with nvcc (scripts/compile-e2e.sh) into out/,
 # with the keyring in out/keys.
-# Usage: scripts/gpu-e2e.sh [OUTDIR]   (logs and JSON under OUTDIR, default $OUT)
+# Usage: scripts/gpu-e2e.sh [OUTDIR]   (logs and JSON under OUTDIR, default /tmp/gpu-e2e-out, and in $OUT/e2e.tgz)
 #   BENCH_CONTEXTS  contexts for out/seed-e128.kbp (default "1024 16384"); other seed bundles: 1024
 #   GPU_TESTS       pytest paths/args for the GPU tests ("" skips them)
 set -uo pipefail
-OUTDIR="${1:-${OUT:-$PWD/gpu-e2e-out}}"
+OUTDIR="${1:-/tmp/gpu-e2e-out}"   # archived into $OUT/e2e.tgz (the device tool returns a few files only)
 mkdir -p "$OUTDIR"
 . scripts/device-env.sh
 KBPC="python3 -m kbpc.cli"
@@ -55,5 +55,5 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
           f"{100 * r['roofline_fraction']:5.1f}% launches {r['launches_per_step']} profiled {r['profiled_step_ms']:.3f} ms")
 PY
 # Everything in one archive (the device tool returns a few files only).
-[ -n "${OUT:-}" ] && [ "$OUTDIR" != "$OUT" ] && tar czf "$OUT/e2e.tgz" -C "$OUTDIR" .
+[ -n "${OUT:-}" ] && tar czf "$OUT/e2e.tgz" -C "$OUTDIR" .
 exit $rc
