@@ -159,4 +159,15 @@ __device__ __forceinline__ float warp_max_xor(float v) {
     return v;
 }
 
+// f32(acc + s) correctly rounded, s an exact FP64 value: the FP64 sum made round-to-odd (TwoSum's
+// error sets its last bit when it is inexact), then one rounding to float, which is then correct
+// (53 >= 24 + 2). kbpc.reference.gemv_order.add_f32, bit for bit; an infinite sum stays infinite.
+__device__ __forceinline__ float add_f32_exact(float acc, double s) {
+    const double a = (double)acc, t = __dadd_rn(a, s), bv = __dsub_rn(t, a);
+    const double err = __dadd_rn(__dsub_rn(a, __dsub_rn(t, bv)), __dsub_rn(s, bv));
+    long long bits = __double_as_longlong(t);
+    if (err != 0.0 && (bits & 1) == 0 && isfinite(t)) bits += (err > 0.0) == (t > 0.0) ? 1 : -1;
+    return __double2float_rn(__longlong_as_double(bits));
+}
+
 }  // namespace kbp

@@ -80,53 +80,32 @@ __device__ __forceinline__ void unpack_token_raw(const uint4 (&raw)[4], float (&
     }
 }
 
-// This lane's 32 values of chunk c of a token row (zeros for a padding token).
-__device__ __forceinline__ void load_token_slice(const __nv_bfloat16* row, bool live,
-                                                 int c, int t, float (&v)[32]) {
-    uint4 raw[4];
-    load_token_raw(row, live, c, t, raw);
-    unpack_token_raw(raw, v);
-}
+// s_a from a token row's exact max |x|.
+__device__ __forceinline__ float token_scale_of_max(float amax) { return fmaxf(amax / 448.0f, 1e-12f); }
 
 // s_a from this lane's max |x| (the four lanes of a token combine their maxima: an exact max).
 __device__ __forceinline__ float token_scale(float amax) {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    return fmaxf(amax / 448.0f, 1e-12f);
+    return token_scale_of_max(amax);
+}
+
+// E4M3 codes of 4 values v / s_a (clamped to +-448), packed lowest k in the low byte.
+__device__ __forceinline__ uint32_t quantize4(const float* v, float sa) {
+    float q[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
+    return e4m3x4(q[0], q[1], q[2], q[3]);
 }
 
 // E4M3 codes of 32 values, packed 4 per word, lowest k in the low byte.
-__device__ __forceinline__ void quantize_chunk(float (&v)[32], float sa, uint32_t (&xq)[8]) {
+__device__ __forceinline__ void quantize_chunk(const float (&v)[32], float sa, uint32_t (&xq)[8]) {
 #pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
-#pragma unroll
-    for (int w = 0; w < 8; ++w) xq[w] = e4m3x4(v[4 * w], v[4 * w + 1], v[4 * w + 2], v[4 * w + 3]);
+    for (int w = 0; w < 8; ++w) xq[w] = quantize4(v + 4 * w, sa);
 }
 
-// Quantize this lane's 32 values per chunk of a token row: s_a from the exact row max, then the
-// codes. The second pass re-reads the row (an L1 hit) rather than holding K values in registers.
-template <int K>
-__device__ __forceinline__ float quantize_token_slice(const __nv_bfloat16* row,
-                                                      bool live, int t, uint32_t (&xq)[K / 128][8]) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int c = 0; c < K / 128; ++c) {
-        float v[32];
-        load_token_slice(row, live, c, t, v);
-#pragma unroll
-        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
-    }
-    const float sa = token_scale(amax);
-#pragma unroll
-    for (int c = 0; c < K / 128; ++c) {
-        float v[32];
-        load_token_slice(row, live, c, t, v);
-        quantize_chunk(v, sa, xq[c]);
-    }
-    return sa;
-}
-
-// The same quantization from the row already in registers (load_token_raw per chunk).
+// Quantize this lane's 32 values per chunk of a token row already in registers (load_token_raw
+// per chunk): s_a from the exact row max, then the codes.
 template <int K>
 __device__ __forceinline__ float quantize_token_raw(const uint4 (&raw)[K / 128][4], uint32_t (&xq)[K / 128][8]) {
     float amax = 0.0f;
@@ -195,14 +174,6 @@ __device__ __forceinline__ void gates_tile_mma(const GatesTile<K>& tile, const u
     }
 }
 
-template <int K>
-__device__ __forceinline__ void gates_tile_mma(const uint8_t* w, int n0, int g, int t,
-                                               const uint32_t (&xq)[K / 128][8], float (&acc)[4]) {
-    GatesTile<K> tile;
-    gates_tile_load<K>(w, n0, g, t, tile);
-    gates_tile_mma<K>(tile, xq, acc);
-}
-
 // The epilogue values, in FP32 op by op (one home for the fused KDA kernel too):
 // f = rn_bf16(acc * (s_w * s_a));  decay = lambda * sigmoid(expf(A) * (f + delta));  beta = sigmoid(b).
 __device__ __forceinline__ float gates_row_value(float acc, float sw, float sa) {
@@ -220,7 +191,7 @@ __device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + 
 // Per-token quantization by the whole warp (the launch's latency path): lane L quantizes values
 // c*128 + 4L .. +3 of every chunk c of row r into one code word, then lane (g, t) collects the
 // eight words 8t .. 8t+7 of each chunk of its own token g with shuffles. The same scale and the
-// same per-value expression as quantize_token_slice, so the same codes; rows g >= m stay zero.
+// same per-value expression as quantize_token_raw, so the same codes; rows g >= m stay zero.
 // sa[r] is token r's scale (every lane holds all m of them).
 template <int K>
 __device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x_stride, int m, int g,
@@ -251,15 +222,10 @@ __device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x
 #pragma unroll
             for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[c][e]));
         }
-        amax = warp_max_xor(amax);
-        const float s = fmaxf(amax / 448.0f, 1e-12f);  // token_scale's expression
-        sa[r] = s;
+        sa[r] = token_scale_of_max(warp_max_xor(amax));
 #pragma unroll
         for (int c = 0; c < KC; ++c) {
-            float q[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) q[e] = fminf(fmaxf(v[c][e] / s, -448.0f), 448.0f);
-            const uint32_t word = e4m3x4(q[0], q[1], q[2], q[3]);
+            const uint32_t word = quantize4(v[c], sa[r]);
 #pragma unroll
             for (int w = 0; w < 8; ++w) {
                 const uint32_t got = __shfl_sync(0xffffffffu, word, 8 * t + w);

@@ -59,17 +59,6 @@ __device__ __forceinline__ int e2m1_dot8(uint32_t w, uint32_t a_lo, uint32_t a_h
     return acc;
 }
 
-// f32(acc + s) with one rounding, s an exact FP64 value (round-to-odd in FP64 first, as
-// kbpc.reference.gemv_order.add_f32: 53 >= 24 + 2 makes the second rounding correct).
-__device__ __forceinline__ float add_f32_exact(float acc, double s) {
-    double a = (double)acc, t = __dadd_rn(a, s);
-    double bv = __dsub_rn(t, a);
-    double err = __dadd_rn(__dsub_rn(a, __dsub_rn(t, bv)), __dsub_rn(s, bv));
-    long long bits = __double_as_longlong(t);
-    if (err != 0.0 && (bits & 1) == 0) bits += ((err > 0.0) == (t > 0.0)) ? 1 : -1;
-    return __double2float_rn(__longlong_as_double(bits));
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL)
 // Block-scaled FP4 MMA (sm_120a/sm_121a): d += (A 16x64 E2M1, 4 UE4M3 scales per row) x (B 64x8).
 __device__ __forceinline__ void mma_mxf4nvf4_m16n8k64(float (&d)[4], const uint32_t (&a)[4],
@@ -85,20 +74,26 @@ __device__ __forceinline__ void mma_mxf4nvf4_m16n8k64(float (&d)[4], const uint3
 
 // ------------------------------------------------------------------ activation quantization
 
+// A group's E4M3 scale byte from its max |v| (1/g = inv_g), and a value's E2M1 code under the
+// decoded scale s (denom = s * g): the one home of the NVFP4 activation math.
+__device__ __forceinline__ uint8_t nvfp4_group_scale(float m, float inv_g) {
+    return f32_to_e4m3(__fmul_rn(__fdiv_rn(m, 6.0f), inv_g));
+}
+__device__ __forceinline__ uint32_t nvfp4_code(float v, float s, float denom) {
+    return s == 0.0f ? 0u : f32_to_e2m1(__fdiv_rn(v, denom));
+}
+
 // Quantize one row held as (GPT groups per thread) x 16 FP32 values; g is the row's global scale.
 __device__ __forceinline__ void nvfp4_quant_group(const float (&v)[16], float g, float inv_g,
                                                   uint8_t* codes, uint8_t* scale) {
     float m = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
-    uint8_t sc = f32_to_e4m3(__fmul_rn(__fdiv_rn(m, 6.0f), inv_g));
+    uint8_t sc = nvfp4_group_scale(m, inv_g);
     float s = e4m3_to_f32(sc), denom = __fmul_rn(s, g);
     uint32_t w[2] = {0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        uint32_t c = s == 0.0f ? 0u : f32_to_e2m1(__fdiv_rn(v[i], denom));
-        w[i >> 3] |= c << (4 * (i & 7));
-    }
+    for (int i = 0; i < 16; ++i) w[i >> 3] |= nvfp4_code(v[i], s, denom) << (4 * (i & 7));
     *reinterpret_cast<uint2*>(codes) = make_uint2(w[0], w[1]);
     *scale = sc;
 }

@@ -106,17 +106,6 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
     }
 }
 
-// f32(acc + s) correctly rounded, s an exact double: the double sum made round-to-odd (TwoSum's
-// error sets its last bit when it is inexact), then one rounding to float, which is then correct
-// (53 >= 24 + 2). The reference's add_f32 (kbpc/reference/gemv_order.py), bit for bit.
-__device__ __forceinline__ float wxay_add_f32_exact(float acc, double s) {
-    const double a = (double)acc, t = __dadd_rn(a, s), bv = __dsub_rn(t, a);
-    const double err = __dadd_rn(__dsub_rn(a, __dsub_rn(t, bv)), __dsub_rn(s, bv));
-    long long bits = __double_as_longlong(t);
-    if (err != 0.0 && (bits & 1) == 0 && isfinite(t)) bits += (err > 0.0) == (t > 0.0) ? 1 : -1;
-    return __double2float_rn(__longlong_as_double(bits));
-}
-
 // E4M3 codes (4 in a word) -> exact doubles.
 __device__ __forceinline__ void wxay_e4m3x4_f64(uint32_t w, double (&v)[4]) {
 #pragma unroll
@@ -172,8 +161,8 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
             s0 = __dadd_rn(s0, __shfl_xor_sync(0xffffffffu, s0, m));
             s8 = __dadd_rn(s8, __shfl_xor_sync(0xffffffffu, s8, m));
         }
-        acc0 = wxay_add_f32_exact(acc0, s0);
-        acc8 = wxay_add_f32_exact(acc8, s8);
+        acc0 = add_f32_exact(acc0, s0);
+        acc8 = add_f32_exact(acc8, s8);
     }
 }
 

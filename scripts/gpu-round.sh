@@ -30,7 +30,7 @@ for pair in ${COMPARE:-}; do
     # shellcheck disable=SC2046
     timeout "${COMPARE_LIMIT:-150}" python3 scripts/compare_logits.py "out/$base.kbp" $(printf 'out/%s.kbp ' ${others//,/ }) \
         $TRUST --positions "${COMPARE_POSITIONS:-16}" --json-out "$W/compare-$base.json" > "$W/compare-$base.log" 2>&1 || rc=1
-    note "compare $pair: $(tail -"$(( $(echo "$others" | tr ',' '\n' | wc -l) + 1 ))" "$W/compare-$base.log" | tr '\n' ' ')"
+    note "compare $pair: $(grep -E "bit-equal|DIFFERS" "$W/compare-$base.log" | tr '\n' ' ')"
 done
 if [ -n "${AB:-}" ]; then
     # shellcheck disable=SC2086
