@@ -148,16 +148,17 @@ def w4a4_slots(name, n, k, slots, shared):
     return Case(f"w4a4_mx_static::moe_slots {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
-def w4a4_slots_launcher(name, n, k, slots, shared):
+def w4a4_slots_launcher(name, n, k, slots, shared, fast=False):
     """The step's slot GEMV (w4a4_gemv_moe_slots, its own launch bounds) through the product
-    launcher, on rows quantized once; "moe_slots" above is the same body built at 2 CTAs per SM."""
+    launcher, on rows quantized once; "moe_slots" above is the same body built at 2 CTAs per SM.
+    fast: the numerics-fast form (FP32 accumulation)."""
     from kbpc.testing.instances import w4a4_moe_slots  # noqa: PLC0415
     wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
 
     def setup():
         from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        run = launcher(w4a4_moe_slots(k))
+        run = launcher(w4a4_moe_slots(k, fast))
         rot, wc, ws, sg, ids = _expert_stacks(slots, n, k)
         ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
         y = _dev(2 * slots * n)
@@ -166,7 +167,8 @@ def w4a4_slots_launcher(name, n, k, slots, shared):
             run((n // 16, slots), (256, 1, 1), ids[i % rot], slots // rows, ac, asc, ag, wc, ws, sg, y, n, pdl=True,
                 sync=False, stream=stream)
         return launch
-    return Case(f"w4a4_mx_static::moe_slots (step form) {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
+    form = "fast step form" if fast else "step form"
+    return Case(f"w4a4_mx_static::moe_slots ({form}) {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
 def w4a4_slots_bf16(name, n, k, slots, shared):
@@ -208,18 +210,22 @@ def w4a4_quant_swiglu(rows, k):
     return Case("w4a4_mx_static::quant_swiglu_rows", f"{rows}x{k}", rows * (4 * k + k // 2 + k // 16 + 4), setup)
 
 
-def w4a4_dense(name, n, k):
+def w4a4_dense(name, n, k, fast=False):
+    """The dense MLP's W4A4 GEMV (w4a4_gemv through the product launcher; fast: FP32 accumulation)."""
+    from kbpc.testing.instances import w4a4_gemv  # noqa: PLC0415
+
     def setup():
-        f = _mod(f'#include "w4a4_mx.cuh"\nextern "C" __global__ void __launch_bounds__(256, 2) g(const uint8_t* ac, const uint8_t* as, const float* ag, const uint8_t* wc, const uint8_t* ws, float sg, __nv_bfloat16* y, int N) {{ kbp::w4a4_gemv_dev<{k}>(ac, as, ag, wc, ws, sg, y, N); }}', f"bw44g{k}").get_function("g")
         from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run = launcher(w4a4_gemv(k, fast))
         ag = to_gpu(np.ones(1, np.float32))
         sets = [(_dev(k // 2), _dev(k // 16), _dev(n * k // 2), _dev(n * k // 16), _dev(2 * n)) for _ in range(rotations(_nvfp4_bytes(n, k)))]
 
-        def launch(i):
+        def launch(i, stream=None):
             ac, asc, wc, ws, y = sets[i % len(sets)]
-            f(ac.gpudata, asc.gpudata, ag.gpudata, wc.gpudata, ws.gpudata, np.float32(1), y.gpudata, np.int32(n), grid=(n // 16, 1), **B256)
+            run((n // 16, 1), (256, 1, 1), ac, asc, ag, wc, ws, 1.0, y, n, pdl=True, sync=False, stream=stream)
         return launch
-    return Case(f"w4a4_mx::gemv {name}", f"{n}x{k} nvfp4", _nvfp4_bytes(n, k) + 2 * n, setup)
+    return Case(f"w4a4_mx::gemv{' fast' if fast else ''} {name}", f"{n}x{k} nvfp4", _nvfp4_bytes(n, k) + 2 * n, setup)
 
 
 # ------------------------------------------------------------------ wxay
@@ -326,11 +332,15 @@ CASES = [
     w4a4_slots("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_slots_launcher("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False),
+    w4a4_slots_launcher("moe gate_up (8 slots)", 4096, 4096, 8, True, fast=True),
+    w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False, fast=True),
     w4a4_slots_bf16("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots_bf16("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_quant_swiglu(8, 2048),
     w4a4_dense("dense mlp gate_up", 24576, 4096),
     w4a4_dense("dense mlp down", 4096, 12288),
+    w4a4_dense("dense mlp gate_up", 24576, 4096, fast=True),
+    w4a4_dense("dense mlp down", 4096, 12288, fast=True),
     wxay_split("dsa q_a", (1536,), 4096),
     wxay_split("dsa kv_a", (512,), 4096),
     wxay_split("dsa q_a+kv_a split", (1536, 512), 4096),

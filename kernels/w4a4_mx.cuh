@@ -7,14 +7,17 @@
 // Entries:
 //   w4a4_quant_rows<K>(x, a_codes, a_scales, a_g)    grid = m rows, block 256, no smem args
 //       x (m, K) BF16 -> codes (m, K/2), scales (m, K/16), g (m,). K % 16 == 0.
-//   w4a4_gemv<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
-//       grid = N/16, block 256; N % 16 == 0, K % 128 == 0, 16-byte aligned rows. One activation row.
+//   w4a4_gemv<K, FAST>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
+//       grid = N/16, block 256; N % 16 == 0, K % 128 == 0, K <= W4A4_MAX_K, 16-byte aligned rows.
+//       One activation row. FAST (numerics fast): FP32 accumulation of the group terms instead of
+//       the exact chunk sums, within kbpc.reference.gemv_bounds.w4a4_fast_bound of the reference.
+//       PDL: the CTA's weight loads are issued before pdl_wait().
 // Math (explain.families.w4a4_mx): quantization exactly as the numerics text (order in
 //   kbpc/reference/formats.quantize_nvfp4_rows). Product: a CTA owns 16 weight rows; warp w takes
 //   the 128-wide chunks c = w (mod 8) in increasing order; each chunk sum S_c of the block-scaled
 //   products (q s^w)(a s^a) is formed EXACTLY and folded with one rounding acc = f32(acc + S_c); the
 //   8 warp partials are added in warp order, times f32(g_t * s_g), rounded once to BF16.
-//   Bit-exact with kbpc.reference.w4a4_mx on every architecture.
+//   Bit-exact with kbpc.reference.w4a4_mx on every architecture (the exact form; see w4a4_rows_dot).
 // How (no FP4 MMA on sm_90): E2M1 values times 2 are the integers {0,1,2,3,4,6,8,12}; PRMT turns
 //   4 codes into 4 magnitude bytes (its sign-replicate mode zeroes the bytes of the other sign), so
 //   two DP4As give the exact integer dot product of a 16-value group; times the exact FP32 scale
@@ -181,62 +184,96 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* x,
 // ------------------------------------------------------------------ the product
 
 // Shared staging of one activation row: signed bytes 2a (K) and decoded group scales (K/16).
+// W4A4_MAX_K: the widest row whose staging fits the 48 KB of static shared memory.
 template <int K>
 struct W4A4Smem {
     uint4 a[K / 16];
     float s[K / 16];
     float part[8][16];
 };
+constexpr int W4A4_MAX_K = 38912;
+
+// Group j of an activation row from its 8 code bytes w and scale byte.
+template <int K>
+__device__ __forceinline__ void w4a4_stage_group(W4A4Smem<K>& sm, int j, uint2 w, uint8_t scale) {
+    sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y), e2m1x2_signed(w.y >> 16));
+    sm.s[j] = e4m3_to_f32(scale);
+}
 
 template <int K>
 __device__ __forceinline__ void w4a4_stage_act(const uint8_t* a_codes, const uint8_t* a_scales,
                                                W4A4Smem<K>& sm) {
+    static_assert(K <= W4A4_MAX_K, "the activation staging must fit static shared memory");
     const uint2* c = reinterpret_cast<const uint2*>(a_codes);
-    for (int j = threadIdx.x; j < K / 16; j += 256) {
-        uint2 w = ld_step(c + j);
-        sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y),
-                             e2m1x2_signed(w.y >> 16));
-        sm.s[j] = e4m3_to_f32(ld_step(a_scales + j));
-    }
+    for (int j = threadIdx.x; j < K / 16; j += 256) w4a4_stage_group(sm, j, ld_step(c + j), ld_step(a_scales + j));
 }
 
-// Warp-level chunk walk for 16 rows: lane = 2*r + h takes row r's groups 4h..4h+3 of each chunk.
-// Returns the row's FP32 accumulator (both lanes of a pair hold it).
+// Warp-level chunk walk for 16 rows, in two steps so that a kernel can put its weight loads in
+// flight before what it waits for (pdl_wait, the activation staging): w4a4_load_rows issues the
+// lane's loads, w4a4_rows_dot (after the staging's __syncthreads) consumes them. Lane 2r + h takes
+// row r's groups 4h..4h+3 of each chunk (32 contiguous code bytes and 4 scale bytes). Returns the
+// row's FP32 accumulator (both lanes of a pair hold it).
+//   exact (FAST false): each chunk sum S_c is formed exactly in FP64 (group dot products are exact
+//     integers, times exact FP32 scale products: exact in any order, so the lane split is free)
+//     and folded with one rounding, acc = f32(acc + S_c): the reference's bits.
+//   fast: the group terms (each exact in FP32) are accumulated in FP32 by one FMA each in the
+//     lane's order, the two lanes' sums added at the end, times 1/4 (exact): within
+//     kbpc.reference.gemv_bounds.w4a4_fast_bound of the reference.
+// Measured on the H200 (bench/results/s7-kernels-w4a4-forms.json, MoE gate/up, 8 slots): the fast
+// form 24.8-25.0 us against 26.3 exact; loading each lane's 16-byte quarters h and 2 + h (whole
+// sectors a load) with a scale shuffle cost 1.5 us, staging -2a beside 2a to drop the subtractions
+// cost 1.2 us, loading before or after the staging is even.
 template <int K>
-__device__ __forceinline__ float w4a4_warp_rows(const uint8_t* w_codes, const uint8_t* w_scales,
-                                                const W4A4Smem<K>& sm, int warp, int lane) {
-    constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+struct W4A4Rows {
+    static constexpr int NCH = K / 128, PER = (NCH + 7) / 8;
+    uint4 cw[PER][2];
+    uint32_t sw[PER];
+};
+
+template <int K>
+__device__ __forceinline__ void w4a4_load_rows(W4A4Rows<K>& w, const uint8_t* w_codes, const uint8_t* w_scales,
+                                               int warp, int lane) {
     const int r = lane >> 1, h = lane & 1;
     const uint4* wc = reinterpret_cast<const uint4*>(w_codes + (size_t)r * (K / 2)) + 2 * h;
     const uint32_t* ws = reinterpret_cast<const uint32_t*>(w_scales + (size_t)r * (K / 16)) + h;
-    uint4 cw[PER][2];
-    uint32_t sw[PER];
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {  // every weight load of this lane is in flight before any math
-        int c = warp + 8 * i;
-        if (c < NCH) { cw[i][0] = __ldcs(wc + 4 * c); cw[i][1] = __ldcs(wc + 4 * c + 1); sw[i] = __ldcs(ws + 2 * c); }
+    for (int i = 0; i < W4A4Rows<K>::PER; ++i) {  // every weight load of this lane is in flight before any math
+        const int c = warp + 8 * i;
+        if (c < W4A4Rows<K>::NCH) {
+            w.cw[i][0] = __ldcs(wc + 4 * c);
+            w.cw[i][1] = __ldcs(wc + 4 * c + 1);
+            w.sw[i] = __ldcs(ws + 2 * c);
+        }
     }
-    __syncthreads();  // activation staging done
+}
+
+template <int K, bool FAST = false>
+__device__ __forceinline__ float w4a4_rows_dot(const W4A4Rows<K>& w, const W4A4Smem<K>& sm, int warp, int lane) {
+    const int h = lane & 1;
     float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int c = warp + 8 * i;
-        if (c >= NCH) break;
-        const uint32_t wv[8] = {cw[i][0].x, cw[i][0].y, cw[i][0].z, cw[i][0].w,
-                                cw[i][1].x, cw[i][1].y, cw[i][1].z, cw[i][1].w};
+    for (int i = 0; i < W4A4Rows<K>::PER; ++i) {
+        const int c = warp + 8 * i;
+        if (c >= W4A4Rows<K>::NCH) break;
+        const uint32_t wv[8] = {w.cw[i][0].x, w.cw[i][0].y, w.cw[i][0].z, w.cw[i][0].w,
+                                w.cw[i][1].x, w.cw[i][1].y, w.cw[i][1].z, w.cw[i][1].w};
         double s = 0.0;
 #pragma unroll
         for (int gq = 0; gq < 4; ++gq) {
-            int grp = 8 * c + 4 * h + gq;
-            uint4 a = sm.a[grp];
+            const int grp = 8 * c + 4 * h + gq;
+            const uint4 a = sm.a[grp];
             int d = e2m1_dot8(wv[2 * gq], a.x, a.y, 0);
             d = e2m1_dot8(wv[2 * gq + 1], a.z, a.w, d);
-            float sc = __fmul_rn(e4m3_to_f32((uint8_t)(sw[i] >> (8 * gq))), sm.s[grp]);
-            s = __dadd_rn(s, (double)__fmul_rn((float)d, sc));  // exact: 12 x 8 bits
+            const float sc = __fmul_rn(e4m3_to_f32((uint8_t)(w.sw[i] >> (8 * gq))), sm.s[grp]);
+            if constexpr (FAST) acc = __fmaf_rn((float)d, sc, acc);
+            else s = __dadd_rn(s, (double)__fmul_rn((float)d, sc));  // exact: 12 x 8 bits
         }
-        s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));  // exact (see header)
-        acc = add_f32_exact(acc, 0.25 * s);
+        if constexpr (!FAST) {
+            s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));  // exact (see header)
+            acc = add_f32_exact(acc, 0.25 * s);
+        }
     }
+    if constexpr (FAST) acc = 0.25f * __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
     return acc;
 }
 
@@ -260,7 +297,7 @@ __device__ __forceinline__ void w4a4_finish(float acc, float (*part)[16], float 
 template <int K>
 constexpr int w4a4_min_ctas() { return (K / 128 + 7) / 8 <= 4 ? 4 : 2; }
 
-template <int K>
+template <int K, bool FAST = false>
 __device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* a_codes,
                                                  const uint8_t* a_scales,
                                                  const float* a_g,
@@ -271,20 +308,23 @@ __device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* a_codes,
     __shared__ W4A4Smem<K> sm;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t n0 = (size_t)blockIdx.x * 16;
+    W4A4Rows<K> w;
+    w4a4_load_rows<K>(w, w_codes + n0 * (K / 2), w_scales + n0 * (K / 16), warp, lane);
+    ::kbp::pdl_wait();   // PDL: the weights are in flight; the activation row comes from the previous kernel
     w4a4_stage_act<K>(a_codes, a_scales, sm);
-    float acc = w4a4_warp_rows<K>(w_codes + n0 * (K / 2), w_scales + n0 * (K / 16), sm, warp, lane);
+    __syncthreads();
+    const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);
     w4a4_finish(acc, sm.part, __fmul_rn(ld_step(a_g), w_gscale), y + n0, warp, lane);
 }
 
-template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>
+template <int K, bool FAST = false, int MIN_CTAS = w4a4_min_ctas<K>()>
 __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv(const uint8_t* a_codes,
                                                  const uint8_t* a_scales,
                                                  const float* a_g,
                                                  const uint8_t* w_codes,
                                                  const uint8_t* w_scales, float w_gscale,
                                                  __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    w4a4_gemv_dev<K>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+    w4a4_gemv_dev<K, FAST>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);   // waits inside (PDL)
 }
 
 }  // namespace kbp

@@ -4,14 +4,15 @@
 //   w4a4_quant_rows_static<K>(x, gamma, a_codes, a_scales, a_g)   grid = m rows
 //       w4a4_quant_rows with the global scale fixed to gamma (a_g[r] = gamma is written too, so
 //       the GEMVs read one layout). K % 16 == 0.
-//   w4a4_gemv_moe_slots<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
+//   w4a4_gemv_moe_slots<K, FAST>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
 //       grid = (N/16, S) for S routed slots (t, r) flattened; block 256. Slot s reads its expert id
 //       e = ids[s] from device memory (no host round trip); e == -1 writes +0 to y[s, :].
 //       Activation row of slot s: s / act_div (act_div = top_k: one row per token shared by its
 //       slots, as the gate/up projection; act_div = 1: one row per slot, as the down projection).
 //       Expert weights stacked (E, N, K/2), (E, N, K/16), w_gscale (E,) FP32 in device memory;
 //       y (S, N) BF16. N % 16 == 0, K % 128 == 0. Result bytes = w4a4_gemv's for that expert, with
-//       scale f32(a_g[row] * s_g[e]) (= gamma * s_g for static activations).
+//       scale f32(a_g[row] * s_g[e]) (= gamma * s_g for static activations); FAST: w4a4_gemv's
+//       fast form (FP32 accumulation, numerics fast), within gemv_bounds.w4a4_fast_bound of it.
 //   w4a4_gemv_moe_slots_bf16<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N)
 //       w4a4_quant_rows_static fused into w4a4_gemv_moe_slots (same grid): each CTA quantizes its
 //       BF16 activation row x[s / act_div] (K values) with gamma straight into shared memory, the
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat1
     w4a4_quant_rows_static_dev<K>(x, gamma, a_codes, a_scales, a_g);
 }
 
-template <int K>
+template <int K, bool FAST = false>
 __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
     const int* ids, int act_div, const uint8_t* a_codes,
     const uint8_t* a_scales, const float* a_g,
@@ -64,22 +65,24 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
         return;
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const size_t row = slot / act_div;
-    w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     const size_t ew = (size_t)e * N;
-    float acc = w4a4_warp_rows<K>(w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), sm,
-                                  warp, lane);
+    W4A4Rows<K> w;  // the expert's weights in flight before the activation staging
+    w4a4_load_rows<K>(w, w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), warp, lane);
+    const size_t row = (unsigned)slot / (unsigned)act_div;  // both >= 1: the unsigned divide is shorter
+    w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
+    __syncthreads();
+    const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);
     w4a4_finish(acc, sm.part, __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
 }
 
-template <int K, int MIN_CTAS = w4a4_min_ctas<K>()>   // (w4a4_mx.cuh)
+template <int K, bool FAST = false, int MIN_CTAS = w4a4_min_ctas<K>()>   // (w4a4_mx.cuh)
 __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
     const int* ids, int act_div, const uint8_t* a_codes,
     const uint8_t* a_scales, const float* a_g,
     const uint8_t* w_codes, const uint8_t* w_scales,
     const float* w_gscale, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    w4a4_gemv_moe_slots_dev<K>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+    w4a4_gemv_moe_slots_dev<K, FAST>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }
 
 // Stage a BF16 row quantized with the static global scale gamma, as w4a4_stage_act stages the
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
 template <int K>
 __device__ __forceinline__ void w4a4_stage_act_static(const __nv_bfloat16* x, float gamma, W4A4Smem<K>& sm) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    static_assert(K <= W4A4_MAX_K, "the activation staging must fit static shared memory");
     const float inv_g = __fdiv_rn(1.0f, gamma);
     for (int j = threadIdx.x; j < K / 16; j += 256) {
         float v[16];
@@ -94,10 +98,7 @@ __device__ __forceinline__ void w4a4_stage_act_static(const __nv_bfloat16* x, fl
         __align__(8) uint8_t codes[8];
         uint8_t sc;
         nvfp4_quant_group(v, gamma, inv_g, codes, &sc);
-        const uint2 w = *reinterpret_cast<const uint2*>(codes);
-        sm.a[j] = make_uint4(e2m1x2_signed(w.x), e2m1x2_signed(w.x >> 16), e2m1x2_signed(w.y),
-                             e2m1x2_signed(w.y >> 16));
-        sm.s[j] = e4m3_to_f32(sc);
+        w4a4_stage_group(sm, j, *reinterpret_cast<const uint2*>(codes), sc);
     }
 }
 
@@ -116,11 +117,13 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_bf16_dev(
         return;
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const size_t row = slot / act_div;
-    w4a4_stage_act_static<K>(x + row * K, gamma, sm);
     const size_t ew = (size_t)e * N;
-    float acc = w4a4_warp_rows<K>(w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), sm,
-                                  warp, lane);
+    W4A4Rows<K> w;  // the expert's weights in flight before the activation staging
+    w4a4_load_rows<K>(w, w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), warp, lane);
+    const size_t row = (unsigned)slot / (unsigned)act_div;
+    w4a4_stage_act_static<K>(x + row * K, gamma, sm);
+    __syncthreads();
+    const float acc = w4a4_rows_dot<K>(w, sm, warp, lane);
     w4a4_finish(acc, sm.part, __fmul_rn(gamma, __ldg(w_gscale + e)), yo, warp, lane);
 }
 

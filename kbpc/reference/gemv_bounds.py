@@ -24,6 +24,15 @@ operations whose partial sums are bounded by S errs by at most n u S):
   [2^14, 2^15): exact unless |x_k| 2^e < 2^-17, and then off by at most 2^-25 2^-e, which adds
   2^-25 2^-e s_g sum_k |q_nk s_nk| (2^-e = 2^-14 max|x| at most, or 2^-126 when e is clamped).
 
+- w4a4 (kernels/w4a4_mx.cuh, w4a4_gemv / w4a4_gemv_moe_slots): every group term q s^w a s^a is an
+  exact integer times an exact FP32 scale product, so both forms sum exact terms whose magnitudes add
+  up to S (the dequantized |W x| products before the global scales). The reference folds each of a
+  row's P = ceil(ceil(K/128) / 8) chunk sums (exact) into its warp class with one rounding, adds the
+  8 classes in order and rounds once more by the scale f32(g_t s_g): c_ref = P + 7 + 1. The fast form
+  accumulates a lane's 4P group terms with one FMA each, adds the lane pair, multiplies by 1/4 (exact
+  unless the partial is below 2^-124: at most 2^-150 of it is lost, 8 times, times the global
+  scale), then the same class sums and scale: c_fast = 4P + 1 + 7 + 1.
+
 The shared-expert pair's fast form (w4a16_mma_shared_pair: gate_up on tensor cores, the SwiGLU row
 act_i = silu(min(g_i, L)) * clamp(u_i, -L, L) formed once in FP32 from the BF16-rounded g, u, then
 staged as FP16 for the down MMA GEMV) against the reference pair (chunk-walk gate_up to BF16, then
@@ -97,6 +106,22 @@ def w4a16_mma_bound(x, packed, scales, global_scale, ks: int) -> np.ndarray:
     amax = float(np.max(np.abs(x))) if x.size else 0.0
     inv_scale = max(amax * 2.0 ** -14, 2.0 ** -126)   # 2^-e, at most
     return w4a16_mma_c(x.size, ks) * U * (wabs @ np.abs(x)) + 2.0 ** -25 * inv_scale * wabs.sum(axis=-1)
+
+
+def w4a4_c(k: int) -> float:
+    """c of w4a4_gemv's fast form plus the exact reference's (and 1 for the second-order terms)."""
+    per = math.ceil(math.ceil(k / 128) / 8)
+    return (4 * per + 9) + (per + 8) + 1
+
+
+def w4a4_fast_bound(a_packed, a_scales, a_global, w_packed, w_scales, w_global) -> np.ndarray:
+    """(N,) bound on |y_fast - y_ref| before the BF16 roundings of w4a4_gemv's fast form on one
+    quantized activation row (codes, scales, global scale) and an NVFP4 weight (N, K)."""
+    aq, asc = nvfp4_group_values(np.asarray(a_packed, np.uint8), np.asarray(a_scales, np.uint8))
+    xabs = np.abs(aq.astype(np.float64) * np.repeat(asc.astype(np.float64), NVFP4_GROUP, axis=-1)).reshape(-1)
+    scale = abs(float(a_global) * float(w_global))
+    wabs = _nvfp4_abs(w_packed, w_scales, 1.0)
+    return w4a4_c(xabs.size) * U * scale * (wabs @ xabs) + 2.0 ** -146 * scale
 
 
 def bf16_pair_delta(want, bound) -> np.ndarray:

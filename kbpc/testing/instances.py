@@ -98,8 +98,8 @@ def w4a4_quant_rows(k: int) -> KernelInstance:
                           (f"const {BF}*", "uint8_t*", "uint8_t*", "float*"))
 
 
-def w4a4_gemv(k: int) -> KernelInstance:
-    return KernelInstance("w4a4_mx", w4a4_mx.HEADER, f"kbp::w4a4_gemv<{k}>",
+def w4a4_gemv(k: int, fast: bool = False) -> KernelInstance:
+    return KernelInstance("w4a4_mx", w4a4_mx.HEADER, f"kbp::w4a4_gemv<{k}{', true' if fast else ''}>",
                           ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
                            "const uint8_t*", "float", f"{BF}*", "int"))
 

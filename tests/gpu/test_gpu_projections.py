@@ -9,6 +9,8 @@ Tolerances (only where the math does not fix every rounding):
 - exact (bit-identical BF16/E4M3/FP32 bytes): dense_bf16, w4a16 chunk walk and segments, w4a4
   quantizers and GEMVs (the sm_90 path takes every chunk sum exactly, as the reference does),
   w8a8 plain quantizers.
+- w4a4 fast forms (numerics fast: FP32 accumulation): within gemv_bounds.w4a4_fast_bound of the
+  reference before the BF16 rounding (a bound in units of sum |w x|).
 - wxay: the m16n8k32 MMA's internal accumulation is unspecified (the reference takes each chunk
   sum exactly), so each chunk sum may differ by a few FP32 ulps before the single BF16 rounding:
   >= 99.9% of outputs identical, all within 1 BF16 ulp of the reference's magnitude scale.
@@ -30,6 +32,7 @@ from kbpc.reference import w4a16_gemv as ref_w4a16
 from kbpc.reference import w8a8_act_quant as ref_w8a8
 from kbpc.reference import wxay as ref_wxay
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_fp8, quantize_nvfp4, to_bf16
+from kbpc.reference.gemv_bounds import w4a4_fast_bound, within
 from kbpc.testing import instances as ki
 from kbpc.testing.launchers import launcher
 
@@ -100,7 +103,8 @@ def instances():
     out += [ki.w4a16_silu_input(k) for _, k in W4A16_SILU_SHAPES]
     out += [ki.w4a4_quant_rows(k) for k in {*W4A4_QUANT_KS, *(k for _, k in W4A4_SHAPES)}]
     out += [ki.w4a4_quant_rows_static(k) for k in {*W4A4_QUANT_KS, *(k for _, k, *_ in W4A4_MOE_SHAPES)}]
-    out += [ki.w4a4_gemv(k) for _, k in W4A4_SHAPES] + [ki.w4a4_moe_slots(k) for _, k, *_ in W4A4_MOE_SHAPES]
+    out += [ki.w4a4_gemv(k, f) for _, k in W4A4_SHAPES for f in (False, True)]
+    out += [ki.w4a4_moe_slots(k, f) for _, k, *_ in W4A4_MOE_SHAPES for f in (False, True)]
     out += [ki.wxay_rowscale(k) for _, k in WXAY_SHAPES] + [ki.wxay_split(k) for k, _ in WXAY_SPLITS]
     out += [ki.w8a8_quant(k, f) for k in W8A8_KS for f in ("row", "g128") if f == "row" or k % 128 == 0]
     out += [ki.w8a8_quant(k, "row", s) for k in W8A8_KS for s in _w8a8_splits(k) if s > 1]
@@ -211,20 +215,35 @@ def test_w4a4_quant_rows(k):
     _check_quant(g, (c, s, a), want, "static")
 
 
+def _check_w4a4(got_bits, want, bounds, fast, what):
+    """Exact: the reference's bytes. Fast: within its bound (kbpc.reference.gemv_bounds.w4a4_fast_bound)
+    of the reference before the BF16 roundings."""
+    if not fast:
+        assert_bf16_equal(got_bits, want, what)
+        return
+    got = bf16_from_bits(got_bits).reshape(want.shape).astype(np.float64)
+    ok = within(got, want, np.asarray(bounds).reshape(want.shape))
+    assert ok.all(), f"{what} (fast): {np.size(ok) - int(ok.sum())} outside the bound, max diff {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("n,k", W4A4_SHAPES)
-def test_w4a4_gemv(n, k):
+def test_w4a4_gemv(n, k, fast):
     g = _gpu()
     packed, scales, sg = nvfp4_weight(n, k)
     x = bf16_input((1, k))
     c, s, a = _quant_rows(g, x)
     y = g.poisoned((n,), np.uint16)
-    launcher(ki.w4a4_gemv(k))((n // 16, 1, 1), BLOCK, c, s, a, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg), y,
-                              np.int32(n))
-    assert_bf16_equal(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], "w4a4_gemv")
+    launcher(ki.w4a4_gemv(k, fast))((n // 16, 1, 1), BLOCK, c, s, a, g.to_gpu(packed), g.to_gpu(scales), np.float32(sg),
+                                    y, np.int32(n))
+    q = ref_w4a4.quantize_rows(x)
+    bound = w4a4_fast_bound(q[0][0], q[1][0], q[2][0], packed, scales, sg)
+    _check_w4a4(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], bound, fast, "w4a4_gemv")
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("n,k,experts,top_k,shared", W4A4_MOE_SHAPES)
-def test_w4a4_moe_slots(n, k, experts, top_k, shared):
+def test_w4a4_moe_slots(n, k, experts, top_k, shared, fast):
     g = _gpu()
     stack = [nvfp4_weight(n, k) for _ in range(experts)]
     wp = np.stack([p for p, _, _ in stack]); ws = np.stack([s for _, s, _ in stack])
@@ -236,11 +255,17 @@ def test_w4a4_moe_slots(n, k, experts, top_k, shared):
     gamma = np.float32(np.abs(x).max() / 2688)
     c, s, a = _quant_rows(g, x, gamma)
     y = g.poisoned((top_k, n), np.uint16)
-    launcher(ki.w4a4_moe_slots(k))((n // 16, top_k, 1), BLOCK, g.to_gpu(ids), np.int32(top_k if shared else 1), c, s, a,
-                                   g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
+    launcher(ki.w4a4_moe_slots(k, fast))((n // 16, top_k, 1), BLOCK, g.to_gpu(ids), np.int32(top_k if shared else 1),
+                                         c, s, a, g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
     xin = x[0] if shared else x
     want = ref_w4a4s.w4a4_static_moe_slots(xin, gamma, wp, ws, wg, ids)
-    assert_bf16_equal(g.fetch(y), want, "w4a4 moe slots")
+    q = ref_w4a4s.quantize_rows_static(x, gamma)
+    bounds = np.zeros((top_k, n))
+    for slot, e in enumerate(ids):   # an empty slot (-1) writes +0 in both forms: bound 0
+        r = 0 if shared else slot
+        if e >= 0:
+            bounds[slot] = w4a4_fast_bound(q[0][r], q[1][r], q[2][r], wp[e], ws[e], wg[e])
+    _check_w4a4(g.fetch(y), want, bounds, fast, "w4a4 moe slots")
 
 
 # ------------------------------------------------------------------ wxay

@@ -31,6 +31,17 @@ def _slots_instance(k):
     return ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *w4a4_mx_static.W_PARAMS)
 
 
+def test_numerics_pick_the_slot_form(tiny_path):
+    """Numerics exact runs the slot GEMV's exact form (FP64 chunk sums), fast its FP32 accumulation."""
+    for numerics, suffix in (("exact", ""), ("fast", ", true")):
+        plan, ctx = planned(str(tiny_path), numerics=numerics)
+        kernels = {launch.instance.kernel for g in family_groups(plan, "w4a4_mx_static")
+                   for launch in w4a4_mx_static.lower(ctx, g)}
+        slots = {kernel for kernel in kernels if "moe_slots" in kernel}
+        assert slots and all(kernel.endswith(f"{suffix}>") and kernel.count(",") == suffix.count(",")
+                             for kernel in slots), slots
+
+
 def test_fused_quant_then_slot_launches(tiny):
     """Blueprint groups {act_quant, expert}: the quantizer writes its scratch rows once, then the slot
     GEMV (one 16-row tile per CTA) reads them."""
@@ -49,7 +60,7 @@ def test_fused_quant_then_slot_launches(tiny):
         gate_up = expert.op == "expert_gate_up"
         assert quant_launch.grid == (1 if gate_up else top_k, 1, 1)
         assert quant_launch.args == (ctx.buf(x), ctx.weight_value(expert, "input_scale"), *rows)
-        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{k}>"
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{k}, true>"   # numerics fast
         assert slots.instance.params == _slots_instance(k)
         assert slots.grid == (n // 16, top_k, 1) and slots.block == (256, 1, 1)
         assert slots.args == (ctx.buf(ids, "const int"), lit(top_k if gate_up else 1), *rows, ctx.weight(expert),
@@ -113,6 +124,6 @@ def test_swiglu_in_the_gate_up_epilogue(tiny_path):
         assert gate_up.args[9].value == pytest.approx(ctx.c.swiglu_limit)
         assert gate_up.args[10] == ctx.weight_value(down, "input_scale") and gate_up.args[11:14] == rows
         assert gate_up.args[14] == ctx.state(f"{gu_node.id}.arrive", "unsigned int")
-        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}>" and slots.args[1] == lit(1)
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}, true>" and slots.args[1] == lit(1)
         assert slots.args[2:5] == rows and slots.nodes == (down.id,)
         assert unwritten(plan, g, [first, gate_up, slots]) == []

@@ -2,7 +2,9 @@
 (kernels/w4a4_mx.cuh): the dense MLP's w4a4_act_quant, w4a4_gate_up_1_8 and w4a4_down_1_8.
 
 An act_quant node writes the planar nvfp4/g16 buffer (codes, E4M3 scales, one global scale per
-row) that a later linear's w4a4_gemv reads; each node is its own launch."""
+row) that a later linear's w4a4_gemv reads; each node is its own launch. Numerics `exact` runs the
+GEMV's exact form (FP64 chunk sums: the reference's bits), `fast` its FP32 accumulation (within
+kbpc.reference.gemv_bounds.w4a4_fast_bound)."""
 from __future__ import annotations
 
 from kbpc.codegen.args import lit
@@ -14,6 +16,12 @@ from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node
 
 HEADER = "w4a4_mx.cuh"
+MAX_K = 38912   # kernels/w4a4_mx.cuh W4A4_MAX_K: the activation staging fits 48 KB of shared memory
+
+
+def fast_form(ctx: LowerCtx) -> bool:
+    """Whether the W4A4 GEMVs take their FAST form (numerics `fast`: FP32 accumulation)."""
+    return ctx.plan.options.numerics == "fast"
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -49,10 +57,11 @@ def gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     k, n = x.dim_value, y.dim_value
     require(x.format == "nvfp4/g16", f"w4a4_gemv reads an nvfp4/g16 activation, {x.id} is {x.format}", node)
     require(k % 128 == 0 and n % 16 == 0, f"w4a4_gemv needs K % 128 == 0 and N % 16 == 0 (K {k}, N {n})", node)
+    require(k <= MAX_K, f"w4a4_gemv stages at most K = {MAX_K} activations (K {k})", node)
     require(materialized(ctx, x), f"{x.id} is fused; w4a4_gemv reads a quantized buffer", node)
     one_row(ctx, x, node)
     a = ctx.quant(x)
-    inst = KernelInstance("w4a4_mx", HEADER, f"kbp::w4a4_gemv<{k}>",
+    inst = KernelInstance("w4a4_mx", HEADER, f"kbp::w4a4_gemv<{k}{', true' if fast_form(ctx) else ''}>",
                           ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
                            "const uint8_t*", "float", f"{BF16}*", "int"))
     return Launch(inst, grid=(n // 16, 1, 1), block=BLOCK, smem=0,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from kbpc.codegen.args import WeightScalar, lit
 from kbpc.codegen.context import LowerCtx, Quant, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, materialized, require
+from kbpc.codegen.families.w4a4_mx import MAX_K, fast_form
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
@@ -82,9 +83,9 @@ def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | Non
                   group=group.id, nodes=(node.id,))
 
 
-def slots_instance(k: int) -> KernelInstance:
-    """The routed slot GEMV over quantized rows (w4a4_gemv_moe_slots)."""
-    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}>",
+def slots_instance(k: int, fast: bool = False) -> KernelInstance:
+    """The routed slot GEMV over quantized rows (w4a4_gemv_moe_slots; `fast`: its FP32 accumulation)."""
+    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}{', true' if fast else ''}>",
                           ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
 
 
@@ -190,10 +191,11 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
     a, y = ctx.input(node), ctx.output(node)
     k, n = a.dim_value, y.dim_value
     require(k % 128 == 0 and n % 16 == 0, f"expert GEMV needs K % 128 == 0 and N % 16 == 0 (K {k}, N {n})", node)
+    require(k <= MAX_K, f"the expert GEMV stages at most K = {MAX_K} activations (K {k})", node)
     slots = ids.dim_value * ctx.rows(ids)
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
     weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
-    return Launch(slots_instance(k), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
+    return Launch(slots_instance(k, fast_form(ctx)), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
                   args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
                         ctx.buf(y), lit(n)),
                   group=group.id, nodes=nodes)
