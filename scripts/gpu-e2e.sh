@@ -9,6 +9,7 @@
 # Usage: scripts/gpu-e2e.sh [OUTDIR]   (logs and JSON under OUTDIR, default /tmp/gpu-e2e-out, and in $OUT/e2e.tgz)
 #   BENCH_CONTEXTS  contexts for out/seed-e128.kbp (default "1024 16384"); other seed bundles: 1024
 #   GPU_TESTS       pytest paths/args for the GPU tests ("" skips them)
+#   TEST_LIMIT      seconds the GPU tests may take (default 900), so the archive is always written
 set -uo pipefail
 OUTDIR="${1:-/tmp/gpu-e2e-out}"   # archived into $OUT/e2e.tgz (the device tool returns a few files only)
 mkdir -p "$OUTDIR"
@@ -43,7 +44,7 @@ for b in out/seed-*.kbp; do
     done
 done
 if [ -n "${GPU_TESTS-tests/gpu}" ]; then
-    python3 -m pytest -m gpu ${GPU_TESTS-tests/gpu} -q -rfE -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" 2>&1 | tee "$OUTDIR/pytest.log" | tail -30
+    timeout "${TEST_LIMIT:-900}" python3 -m pytest -m gpu ${GPU_TESTS-tests/gpu} -q -rfE -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" 2>&1 | tee "$OUTDIR/pytest.log" | tail -30
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 python3 - "$OUTDIR" <<'PY' || true
