@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kbpc.codegen.args import lit
-from kbpc.codegen.families import w4a4_mx
+from kbpc.codegen.context import LoweringError
+from kbpc.codegen.families import w4a4_mx, w4a4_mx_static
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
 RULES = {"w4a4_act_quant", "w4a4_gate_up_1_8", "w4a4_down_1_8"}
@@ -40,3 +41,18 @@ def test_launches(tiny):
                                    ctx.buf(y), lit(n))
             assert launch.instance.params[5] == "float"   # s_g is a host value
         assert unwritten(plan, g, [launch]) == []
+
+
+def test_rows_beyond_the_staging_limit_are_refused(tiny, monkeypatch):
+    """A K whose activation staging would not fit static shared memory is a lowering error naming the
+    node, not a kernel that fails to compile (the limit is lowered here so the tiny blueprint's K
+    exceeds it)."""
+    plan, ctx = tiny
+    monkeypatch.setattr(w4a4_mx, "MAX_K", 64)
+    monkeypatch.setattr(w4a4_mx_static, "MAX_K", 64)
+    gemv = next(g for g in family_groups(plan, "w4a4_mx") if g.rule != "w4a4_act_quant")
+    with pytest.raises(LoweringError, match="stages at most K = 64"):
+        w4a4_mx.lower(ctx, gemv)
+    expert = family_groups(plan, "w4a4_mx_static")[0]
+    with pytest.raises(LoweringError, match="stages at most K = 64"):
+        w4a4_mx_static.lower(ctx, expert)
