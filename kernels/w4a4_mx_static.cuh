@@ -68,7 +68,7 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
     const size_t ew = (size_t)e * N;
     W4A4Rows<K> w;  // the expert's weights in flight before the activation staging
     w4a4_load_rows<K>(w, w_codes + (ew + n0) * (K / 2), w_scales + (ew + n0) * (K / 16), warp, lane);
-    const size_t row = (unsigned)slot / (unsigned)act_div;  // both >= 1: the unsigned divide is shorter
+    const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     __syncthreads();
     const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);

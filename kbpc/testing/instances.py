@@ -98,10 +98,7 @@ def w4a4_quant_rows(k: int) -> KernelInstance:
                           (f"const {BF}*", "uint8_t*", "uint8_t*", "float*"))
 
 
-def w4a4_gemv(k: int, fast: bool = False) -> KernelInstance:
-    return KernelInstance("w4a4_mx", w4a4_mx.HEADER, f"kbp::w4a4_gemv<{k}{', true' if fast else ''}>",
-                          ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
-                           "const uint8_t*", "float", f"{BF}*", "int"))
+w4a4_gemv = w4a4_mx.gemv_instance                                # the lowering's own
 
 
 def w4a4_quant_rows_static(k: int) -> KernelInstance:

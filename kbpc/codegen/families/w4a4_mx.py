@@ -24,6 +24,13 @@ def fast_form(ctx: LowerCtx) -> bool:
     return ctx.plan.options.numerics == "fast"
 
 
+def gemv_instance(k: int, fast: bool = False) -> KernelInstance:
+    """The one-row GEMV (w4a4_gemv; `fast`: its FP32 accumulation)."""
+    return KernelInstance("w4a4_mx", HEADER, f"kbp::w4a4_gemv<{k}{', true' if fast else ''}>",
+                          ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
+                           "const uint8_t*", "float", f"{BF16}*", "int"))
+
+
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     launches = []
     for node in ctx.nodes(group):
@@ -61,9 +68,6 @@ def gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     require(materialized(ctx, x), f"{x.id} is fused; w4a4_gemv reads a quantized buffer", node)
     one_row(ctx, x, node)
     a = ctx.quant(x)
-    inst = KernelInstance("w4a4_mx", HEADER, f"kbp::w4a4_gemv<{k}{', true' if fast_form(ctx) else ''}>",
-                          ("const uint8_t*", "const uint8_t*", "const float*", "const uint8_t*",
-                           "const uint8_t*", "float", f"{BF16}*", "int"))
-    return Launch(inst, grid=(n // 16, 1, 1), block=BLOCK, smem=0,
+    return Launch(gemv_instance(k, fast_form(ctx)), grid=(n // 16, 1, 1), block=BLOCK, smem=0,
                   args=(a.codes, a.scales, a.globals, *nvfp4_weight(ctx, node), ctx.buf(y), lit(n)),
                   group=group.id, nodes=(node.id,))
