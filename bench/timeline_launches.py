@@ -14,12 +14,14 @@ template name alone; within a key, records in start order take launches in launc
 of one kernel in one replay run in layer order)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 _GROUP = re.compile(r"^\s*// group (\d+) \((.*), ([^,()]*)\) on stream (\d+):")
 _WAIT = re.compile(r"cudaStreamWaitEvent\(streams\[(\d+)\], events\[(\d+)\]")
+_RECORD = re.compile(r"cudaEventRecord\(events\[(\d+)\], streams\[(\d+)\]\)")
 _LAUNCH = re.compile(r"kbp_launch_(\w+)\(dim3\((\d+), (\d+), (\d+)\), dim3\((\d+), (\d+), (\d+)\), "
                      r"(\d+), streams\[(\d+)\], ([01])\b")
 
@@ -41,11 +43,13 @@ class LaunchRow:
     block: tuple[int, int, int]
     pdl: bool                        # launched with programmatic dependent launch
     after_wait: bool                 # the first launch after a cross-stream event wait
+    waits: tuple[int, ...] = ()      # events its stream waited for since its previous launch there
+    records: tuple[int, ...] = ()    # events its stream records after it, before its next launch
 
     def to_json(self) -> dict:
         return {"launch": self.index, "group": self.group, "rule": self.rule, "family": self.family,
                 "stream": self.stream, "instance": self.instance, "kernel": self.kernel, "pdl": self.pdl,
-                "after_wait": self.after_wait}
+                "after_wait": self.after_wait, "waits": list(self.waits), "records": list(self.records)}
 
 
 @dataclass(frozen=True)
@@ -71,23 +75,33 @@ def kernel_names(sources: dict[str, str]) -> dict[str, str]:
 
 
 def launch_table(step_cu: str, kernels: dict[str, str]) -> list[LaunchRow]:
-    """Every kernel launch of the step program, in launch order."""
+    """Every kernel launch of the step program, in launch order, with the event waits before it and
+    the event records after it on its stream (an event recorded on a stream before its first launch
+    is left out: it is complete when the step starts)."""
     rows: list[LaunchRow] = []
     group = None
     waited = False
+    pending: dict[int, list[int]] = defaultdict(list)   # stream -> events waited since its last launch
+    last_on: dict[int, int] = {}                         # stream -> its last launch row
     for line in step_cu.splitlines():
         if m := _GROUP.match(line):
             group = (int(m[1]), m[2], m[3].strip(), int(m[4]))
             waited = False
-        elif _WAIT.search(line):
+        elif m := _WAIT.search(line):
             waited = True
+            pending[int(m[1])].append(int(m[2]))
+        elif m := _RECORD.search(line):
+            if int(m[2]) in last_on:
+                i = last_on[int(m[2])]
+                rows[i] = dataclasses.replace(rows[i], records=rows[i].records + (int(m[1]),))
         elif (m := _LAUNCH.search(line)) and group is not None:
             gid, rule, family, stream = group
             if int(m[9]) != stream:
                 raise TimelineError(f"group {gid} launches on stream {m[9]} under a header naming stream {stream}")
             rows.append(LaunchRow(len(rows), gid, rule, family, stream, m[1], kernels.get(m[1], m[1]),
                                   (int(m[2]), int(m[3]), int(m[4])), (int(m[5]), int(m[6]), int(m[7])),
-                                  m[10] == "1", waited))
+                                  m[10] == "1", waited, tuple(pending.pop(stream, ()))))
+            last_on[stream] = len(rows) - 1
             waited = False
     if not rows:
         raise TimelineError("no kernel launches found in src/step.cu: not a step program of this kbpc "

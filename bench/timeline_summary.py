@@ -10,8 +10,10 @@ Per replay: the span (first kernel start to last kernel end), the time some kern
 and the time none does (idle: launch latency, dependency drain and refill, host gaps inside the
 graph; the critical path's overhead, to a first approximation). Per launch (medians over the
 replays): duration, the gap before it on its plan stream (negative where PDL let it start before
-its predecessor ended), and how many other kernels overlapped it. Per family: summed kernel time
-and the time it ran alone (nothing else on the GPU)."""
+its predecessor ended), how many other kernels overlapped it, and how late it started: start minus
+the time everything it depends on had ended (`lateness`: positive where it waited beyond its
+dependencies, for launch latency or for free SMs; negative where PDL let it start early). Per
+family: summed kernel time and the time it ran alone (nothing else on the GPU)."""
 from __future__ import annotations
 
 import bisect
@@ -113,6 +115,26 @@ def replay_view(recs: list[KernelRecord], matched: list[LaunchRow | None]) -> di
             "sole": _sole_time(recs, fam)}
 
 
+def lateness(times: dict[int, tuple[float, float]], launches: list[LaunchRow]) -> dict[int, float]:
+    """launch index -> its start minus its ready time, for the launches in `times` (index -> (start,
+    end)). Ready: the end of the previous launch on its stream and of the launches after which the
+    events its stream waited for were recorded (LaunchRow.waits / records; an event the table does
+    not date counts as complete at the step's start). Unmatched launches are skipped."""
+    frontier: dict[int, float] = defaultdict(float)
+    event_end: dict[int, float] = {}
+    out = {}
+    for row in launches:
+        if row.index not in times:
+            continue
+        ready = max([frontier[row.stream]] + [event_end.get(e, 0.0) for e in row.waits])
+        start, end = times[row.index]
+        out[row.index] = start - ready
+        frontier[row.stream] = max(ready, end)
+        for e in row.records:
+            event_end[e] = frontier[row.stream]
+    return out
+
+
 def _median(xs) -> float:
     xs = list(xs)
     return float(statistics.median(xs)) if xs else 0.0
@@ -133,6 +155,8 @@ def summarize(replays: list[list[KernelRecord]], launches: list[LaunchRow]) -> d
     views = [replay_view(r, m) for r, m in zip(replays, matched)]
     per_launch: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for recs, ms, v in zip(replays, matched, views):
+        times = {m.index: (r.start - v["t0"], r.end - v["t0"]) for r, m in zip(recs, ms) if m is not None}
+        late = lateness(times, launches)
         for i, (r, m) in enumerate(zip(recs, ms)):
             if m is not None:
                 d = per_launch[m.index]
@@ -140,12 +164,14 @@ def summarize(replays: list[list[KernelRecord]], launches: list[LaunchRow]) -> d
                 d["gap"].append(v["gap"][i])
                 d["concurrent"].append(v["concurrent"][i])
                 d["start"].append(r.start - v["t0"])
+                d["late"].append(late[m.index])
     kernels = []
     for row in launches:
         d = per_launch.get(row.index)
         if d:
             kernels.append({**row.to_json(), "dur_us": _median(d["dur"]), "gap_us": _median(d["gap"]),
-                            "concurrent": _median(d["concurrent"]), "start_us": _median(d["start"])})
+                            "concurrent": _median(d["concurrent"]), "start_us": _median(d["start"]),
+                            "late_us": _median(d["late"])})
     fam_count: dict[str, int] = defaultdict(int)
     for row in launches:
         fam_count[row.family] += 1

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 from timeline_launches import (KernelRecord, LaunchRow, TimelineError, kernel_names, launch_table,  # noqa: E402
                                match_replay, strip_signature)
-from timeline_summary import chrome_trace, kernel_records, split_replays, summarize, table  # noqa: E402
+from timeline_summary import chrome_trace, kernel_records, lateness, split_replays, summarize, table  # noqa: E402
 
 
 def test_launch_table_is_the_step_program(tiny_path):
@@ -34,6 +34,20 @@ def test_launch_table_is_the_step_program(tiny_path):
     assert got == want
     assert [r.index for r in rows] == list(range(len(rows)))
     assert {r.family for r in rows} == {g.family for g in step.groups if g.launches}
+    # The events: waits attach to the stream's next launch, records to its last one.
+    pending, last, want_waits, want_records = {}, {}, [], []
+    for g in step.groups:
+        pending.setdefault(g.stream, []).extend(g.waits)
+        for launch in g.launches:
+            if isinstance(launch, Collective):
+                continue
+            want_waits.append(tuple(pending.pop(g.stream, ())))
+            want_records.append(())
+            last[g.stream] = len(want_records) - 1
+        if g.record is not None and g.stream in last:
+            want_records[last[g.stream]] += (g.record,)
+    assert [r.waits for r in rows] == want_waits and [r.records for r in rows] == want_records
+    assert any(r.waits for r in rows) and any(r.records for r in rows)
 
 
 def test_launch_table_refuses_other_text():
@@ -46,15 +60,17 @@ def test_symbols_lose_return_type_parameters_and_spaces():
     assert strip_signature("kbp::k<4, true>") == "kbp::k<4,true>"
 
 
-def _row(i, group, family, stream, kernel, after_wait=False, pdl=False):
+def _row(i, group, family, stream, kernel, after_wait=False, pdl=False, waits=(), records=()):
     return LaunchRow(i, group, f"rule_{family}", family, stream, f"inst{i}", kernel, (2, 1, 1), (128, 1, 1),
-                     pdl, after_wait)
+                     pdl, after_wait, waits, records)
 
 
 # Four launches; kernel a<1> runs twice with the same shape (matched by start order), c's template
-# argument is spelled differently by the demangler (matched by its template name alone).
-LAUNCHES = [_row(0, 0, "A", 0, "kbp::a<1>"), _row(1, 1, "B", 0, "kbp::b<2, true>", pdl=True),
-            _row(2, 2, "A", 1, "kbp::a<1>", after_wait=True), _row(3, 3, "C", 0, "kbp::c<kbp::Mode::Fast>", pdl=True)]
+# argument is spelled differently by the demangler (matched by its template name alone). Launch 2
+# waits for event 5, recorded after launch 0.
+LAUNCHES = [_row(0, 0, "A", 0, "kbp::a<1>", records=(5,)), _row(1, 1, "B", 0, "kbp::b<2, true>", pdl=True),
+            _row(2, 2, "A", 1, "kbp::a<1>", after_wait=True, waits=(5,)),
+            _row(3, 3, "C", 0, "kbp::c<kbp::Mode::Fast>", pdl=True)]
 SYMBOLS = ["void kbp::a<1>(float const*, int)", "void kbp::b<2, true>(float*)", "void kbp::a<1>(float const*, int)",
            "void kbp::c<(kbp::Mode)1>(float*)"]
 # Replay-relative (start, end): 0 alone, then 2 beside 1, 3 starts before 1 ends (PDL); idle 10..11.
@@ -107,6 +123,8 @@ def test_summary_of_a_synthetic_trace():
     assert [k[i]["dur_us"] for i in range(4)] == [10.0, 8.0, 4.0, 12.0]
     assert [k[i]["gap_us"] for i in range(4)] == [0.0, 2.0, 11.0, -1.0]    # first on stream 1: from step start
     assert [k[i]["concurrent"] for i in range(4)] == [0, 2, 1, 1]
+    # Lateness: 1 starts 2 us after 0 ended, 2 one us after event 5 (0's end), 3 one us before 1 ends.
+    assert [k[i]["late_us"] for i in range(4)] == [0.0, 2.0, 1.0, -1.0]
     assert k[2]["after_wait"] and k[3]["pdl"] and k[0]["family"] == "A"
     fam = s["families"]
     assert list(fam) == ["A", "C", "B"]                        # by busy time
@@ -133,3 +151,43 @@ def test_chrome_trace_has_a_track_per_plan_stream():
     assert len(kernels) == 8 and min(e["ts"] for e in kernels) == 0.0
     assert {names[e["tid"]] for e in kernels if e["args"]["launch"] == 2} == {"stream 1"}
     assert sum(e["name"].startswith("replay") for e in trace["traceEvents"]) == 2
+
+
+def test_lateness_counts_every_dependency():
+    """A launch is ready when its stream's previous launch and every awaited event's launch have
+    ended; an event nothing recorded counts as complete at the start; unmatched launches are skipped."""
+    rows = [_row(0, 0, "A", 0, "kbp::a<1>", records=(1,)), _row(1, 1, "B", 1, "kbp::b<1>", records=(2,)),
+            _row(2, 2, "C", 2, "kbp::c<1>", waits=(1, 2, 9)), _row(3, 3, "A", 2, "kbp::a<1>")]
+    times = {0: (0.0, 4.0), 1: (0.0, 9.0), 2: (10.5, 12.0), 3: (11.0, 13.0)}
+    assert lateness(times, rows) == {0: 0.0, 1: 0.0, 2: 1.5, 3: -1.0}
+    assert lateness({k: v for k, v in times.items() if k != 1}, rows) == {0: 0.0, 2: 6.5, 3: -1.0}
+
+
+def test_delays_cli_on_a_new_and_an_old_timeline(tmp_path, capsys):
+    from timeline_delays import main  # noqa: PLC0415
+    s = summarize(split_replays(kernel_records(_kineto(3)), len(LAUNCHES)), LAUNCHES)
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(s))
+    assert main([str(new)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[1].split()[:2] == ["rule_B", "kbp::b<2,"] and text[1].split()[-2:] == ["2.00", "2.0"]
+    assert any(line.split()[-1] == "-1.0" for line in text)
+    old = tmp_path / "old.json"
+    for k in s["kernels"]:
+        del k["late_us"]
+    old.write_text(json.dumps(s))
+    assert main([str(old)]) == 2 and "--step" in capsys.readouterr().err
+    step = tmp_path / "step.cu"
+    step.write_text("\n".join([
+        "    // group 0 (rule_A, A) on stream 0: n0",
+        "    KBP_CHECK(kbp_launch_inst0(dim3(2, 1, 1), dim3(128, 1, 1), 0, streams[0], 0));",
+        "    KBP_CHECK(cudaEventRecord(events[5], streams[0]));",
+        "    // group 1 (rule_B, B) on stream 0: n1",
+        "    KBP_CHECK(kbp_launch_inst1(dim3(2, 1, 1), dim3(128, 1, 1), 0, streams[0], 1));",
+        "    // group 2 (rule_A, A) on stream 1: n2",
+        "    KBP_CHECK(cudaStreamWaitEvent(streams[1], events[5], 0));",
+        "    KBP_CHECK(kbp_launch_inst2(dim3(2, 1, 1), dim3(128, 1, 1), 0, streams[1], 0));",
+        "    // group 3 (rule_C, C) on stream 0: n3",
+        "    KBP_CHECK(kbp_launch_inst3(dim3(2, 1, 1), dim3(128, 1, 1), 0, streams[0], 1));"]))
+    assert main([str(old), "--step", str(step)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[-2:] == ["2.00", "2.0"]
