@@ -76,8 +76,9 @@ def kernel_names(sources: dict[str, str]) -> dict[str, str]:
 
 def launch_table(step_cu: str, kernels: dict[str, str]) -> list[LaunchRow]:
     """Every kernel launch of the step program, in launch order, with the event waits before it and
-    the event records after it on its stream (an event recorded on a stream before its first launch
-    is left out: it is complete when the step starts)."""
+    the event records after it on its stream. An event recorded on a stream before its first launch
+    is left out (it is complete when the step starts); one recorded after waits with no launch
+    between (a group that launches nothing) is dated by the stream's last launch, without them."""
     rows: list[LaunchRow] = []
     group = None
     waited = False
