@@ -213,6 +213,7 @@ def summarize(replays: list[list[KernelRecord]], launches: list[LaunchRow]) -> d
         "kernels": kernels,
         "top_gaps": [gap(k) for k in gaps],
         "top_gaps_no_wait": [gap(k) for k in same_stream],
+        "top_late": sorted(kernels, key=lambda k: -k["late_us"])[:TOP],
         "idle_gaps": [{"at_us": s - v["t0"], "idle_us": e - s, "before": _around(replays[rep], matched[rep], s, True),
                        "after": _around(replays[rep], matched[rep], e, False)} for s, e in idle],
     }
@@ -264,6 +265,11 @@ def table(summary: dict, families: int = 12, gaps: int = 10) -> str:
         prev = f"{b['family']} (group {b['group']})" if b else "step start"
         lines.append(f"  {g['gap_us']:8.2f}  stream {g['stream']}: {prev} -> {k['family']} (group {k['group']}, "
                      f"launch {k['launch']}){' pdl' if k['pdl'] else ''}")
+    lines.append("latest starts after everything a kernel depends on had ended (median us; "
+                 "bench/timeline_delays.py sums them by kernel):")
+    for k in s.get("top_late", [])[:gaps]:
+        lines.append(f"  {k['late_us']:8.2f}  {_label(k)}, launch {k['launch']}"
+                     f"{' after an event wait' if k['after_wait'] else ''}")
     lines.append("largest times with no kernel running (median replay; the kernels on either side):")
     for g in s["idle_gaps"][:gaps]:
         lines.append(f"  {g['idle_us']:8.2f}  at {g['at_us']:9.1f} us: {_label(g['before'])} -> {_label(g['after'])}")

@@ -125,6 +125,7 @@ def test_summary_of_a_synthetic_trace():
     assert [k[i]["concurrent"] for i in range(4)] == [0, 2, 1, 1]
     # Lateness: 1 starts 2 us after 0 ended, 2 one us after event 5 (0's end), 3 one us before 1 ends.
     assert [k[i]["late_us"] for i in range(4)] == [0.0, 2.0, 1.0, -1.0]
+    assert [x["launch"] for x in s["top_late"]] == [1, 2, 0, 3]
     assert k[2]["after_wait"] and k[3]["pdl"] and k[0]["family"] == "A"
     fam = s["families"]
     assert list(fam) == ["A", "C", "B"]                        # by busy time
@@ -137,8 +138,9 @@ def test_summary_of_a_synthetic_trace():
     assert s["idle_gaps"] == [{"at_us": 10.0, "idle_us": 1.0, "before": LAUNCHES[0].to_json(),
                                "after": LAUNCHES[2].to_json()}]
     text = table(s)
-    assert "step span 31.0 us" in text and "B (group 1, stream 0)" not in text
+    assert "step span 31.0 us" in text and "    2.00  stream 0: A (group 0) -> B (group 1, launch 1) pdl" in text
     assert "1.00  at      10.0 us: A (group 0, stream 0) -> A (group 2, stream 1)" in text
+    assert "    1.00  A (group 2, stream 1), launch 2 after an event wait" in text
     json.dumps(s)
 
 
