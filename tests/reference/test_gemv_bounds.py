@@ -153,5 +153,10 @@ def test_fast_pair_emulation_within_bound(k, i, n, limit, xscale, push):
     got = emulate_fast_pair(x, gate_up, down, limit, push)
     bound = gb.shared_pair_fast_bound(x, gate_up, down, limit, 8, 4)
     assert gb.within(got, want, bound).all()
-    # unpushed, the FP16 staging sets the error: about 2^-11 in relative L2 (a quarter of a BF16 ulp)
-    assert np.linalg.norm(got - want) <= (2.0 ** -5 if push else 2.0 ** -9) * np.linalg.norm(want) + 1e-30
+    # Closeness beyond the bound (the rigorous statement above). Unpushed, the FP16 staging sets the
+    # error before the outputs' BF16 rounding: about 2^-11 in relative L2; after it, an output
+    # rounded to the other neighbour differs by a BF16 ulp (up to 2^-8 of it), more where the dot
+    # product cancels, and with a few dozen outputs a few such outputs dominate: the largest relative
+    # L2 over 120 fresh draws of each case was 2^-7.9 (n = 40, x ~ 1e-6; 2^-8.8 at n = 256) unpushed
+    # and 2^-6.8 pushed, so the check allows 2^-6 and 2^-5: an error of a few percent still fails.
+    assert np.linalg.norm(got - want) <= (2.0 ** -5 if push else 2.0 ** -6) * np.linalg.norm(want) + 1e-30
