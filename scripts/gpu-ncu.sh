@@ -5,6 +5,9 @@
 # (.ncu-rep), its details page as text and, where this ncu can, the SASS source page with
 # per-instruction counters; also disassembles the cubins named in CUBINS (paths in the tree).
 # Usage: scripts/gpu-ncu.sh "moe_slots (step form) moe gate_up=w4a4_gemv_moe_slots" ...
+#   REGEX matches the name the profiler sees: a case launched through the product launcher keeps the
+#   kernel's own name; a case built from its own extern "C" wrapper (bench/kernels_*.py's _mod) is
+#   named by that wrapper (e.g. "w4a16_mma::seg kda six=^s$").
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-ncu-out}"
 mkdir -p "$OUT/ncu"
