@@ -20,8 +20,9 @@
 //   y_c = u_c                                             for c >= C_QK (value channels)
 //   The head's sum of squares: a shuffle-down tree within each warp (offsets 16..1), then the DK/32
 //   warp partials added in order. BF16 output is one RNE rounding at the store.
-// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
-// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+// Entry points: the __global__ template, or its body <name>_dev<...>(a source of x (ConvPackedRow: x,
+// x_stride), the other arguments, then the block index along x) for a kernel of its own
+// (kernels/kda_conv_gates.cuh), which must carry the same __launch_bounds__.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,24 +112,32 @@ __device__ __forceinline__ float conv_window_step(float* s, float x_new,
     return conv_window_dot<W>(conv_bias_value(bias, c), win, t);
 }
 
-template <int C, int C_QK, int DK, int W, int THREADS, typename OutT>
+// Where the conv reads channel c of row `row`: one packed [q | k | v] row (this kernel's contract) or,
+// in kda_conv_gates.cuh, the three projection rows themselves (ConvQkvRows).
+struct ConvPackedRow {
+    const __nv_bfloat16* x;
+    int x_stride;
+    __device__ __forceinline__ __nv_bfloat16 operator()(long row, int c) const { return x[row * x_stride + c]; }
+};
+
+template <int C, int C_QK, int DK, int W, int THREADS, typename OutT, typename Src>
 __device__ __forceinline__ void
-causal_conv1d_update_l2norm_dev(const __nv_bfloat16* x, int x_stride,
+causal_conv1d_update_l2norm_dev(Src src,
                                 float* window, long window_stride,
                                 const __nv_bfloat16* taps,
                                 const __nv_bfloat16* bias, float eps,
-                                OutT* out, int out_stride) {
+                                OutT* out, int out_stride, int block) {
     static_assert(DK % 32 == 0 && THREADS % DK == 0, "heads must be whole warps inside one block");
     static_assert(C_QK % DK == 0 && C_QK <= C && W >= 1, "q/k channels are whole heads");
     constexpr int WARPS_PER_HEAD = DK / 32;
     __shared__ float partial[THREADS / 32];
 
-    const int c = blockIdx.x * THREADS + threadIdx.x;
+    const int c = block * THREADS + threadIdx.x;
     const long row = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float u = 0.0f;
     if (c < C) {
-        const float xn = bf16_to_f32(x[row * x_stride + c]);
+        const float xn = bf16_to_f32(src(row, c));
         const float a = conv_window_step<W>(window + row * window_stride + (long)c * W, xn,
                                             taps + (long)c * W, bias, c);
         u = conv_silu(a);
@@ -136,11 +145,11 @@ causal_conv1d_update_l2norm_dev(const __nv_bfloat16* x, int x_stride,
     float y = u;
     // Block-uniform: does this block hold any q/k head? (C_QK is a multiple of 32, so each warp is
     // wholly q/k or wholly value; all threads reach the barrier.)
-    if (blockIdx.x * THREADS < C_QK) {
+    if (block * THREADS < C_QK) {
         const float sq = warp_sum_down(u * u);
         if (lane == 0) partial[warp] = sq;
         __syncthreads();
-        if (blockIdx.x * THREADS + warp * 32 < C_QK) {
+        if (block * THREADS + warp * 32 < C_QK) {
             const int first = (warp / WARPS_PER_HEAD) * WARPS_PER_HEAD;
             y = u * l2_head_scale<WARPS_PER_HEAD>(partial + first, eps);
         }
@@ -157,8 +166,8 @@ causal_conv1d_update_l2norm(const __nv_bfloat16* x, int x_stride,
                             OutT* out, int out_stride) {
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, OutT>(x, x_stride, window,
-        window_stride, taps, bias, eps, out, out_stride);
+    causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, OutT>(ConvPackedRow{x, x_stride}, window,
+        window_stride, taps, bias, eps, out, out_stride, blockIdx.x);
 }
 
 // Grid size along x for a C-channel row.

@@ -31,8 +31,9 @@
 // 4t..4t+3 from bytes c*128 + 32t + 8j + 0..3 and logical k 16+4t.. from bytes +4..7. So each lane
 // reads 32 contiguous bytes of weight rows n0+g and n0+g+8 and the 32 values of token g at the same
 // offset: 16-byte loads, no shared memory.
-// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
-// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+// Entry points: the __global__ template, or the body kda_gates_w8a8_k128_rows_dev<...>(same
+// arguments, then the block index) for a kernel of its own (kernels/kda_conv_gates.cuh), which
+// must carry the same __launch_bounds__.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -249,13 +250,13 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
                              float* decay, int decay_stride,
                              __nv_bfloat16* og, int og_stride,
                              float* beta, int beta_stride,
-                             __nv_bfloat16* f_out, int f_stride) {
+                             __nv_bfloat16* f_out, int f_stride, int block) {
     static_assert(N % 16 == 0 && K % 128 == 0 && N % DK == 0, "16-row tiles, 128-wide K chunks");
     constexpr int BLOCKS = kda_gates_blocks<N, WARPS>();
     constexpr int H = N / DK;
-    const bool seg_f = blockIdx.x < BLOCKS;
+    const bool seg_f = block < BLOCKS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n0 = ((seg_f ? blockIdx.x : blockIdx.x - BLOCKS) * WARPS + warp) * 16;
+    const int n0 = ((seg_f ? block : block - BLOCKS) * WARPS + warp) * 16;
     const int g = lane / 4, t = lane % 4;
     const bool rows = n0 < N;  // warp-uniform
 
@@ -296,7 +297,7 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
             }
         }
     }
-    if (blockIdx.x == 0)  // beta: m*H sigmoids, independent of the GEMVs
+    if (block == 0)  // beta: m*H sigmoids, independent of the GEMVs
         for (int i = threadIdx.x; i < m * H; i += WARPS * 32) {
             const int r = i / H, hh = i % H;
             beta[(long)r * beta_stride + hh] = kda_beta_gate(bf16_to_f32(ld_step(b + (long)r * b_stride + hh)));
@@ -318,7 +319,7 @@ kda_gates_w8a8_k128_rows(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     kda_gates_w8a8_k128_rows_dev<N, K, DK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,  // pdl_wait inside
         dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
-        f_out, f_stride);
+        f_out, f_stride, blockIdx.x);
 }
 
 // The unquantized variant (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py):

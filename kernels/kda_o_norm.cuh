@@ -36,20 +36,17 @@ __device__ __forceinline__ __nv_bfloat16 o_norm_gated(float oi, float r, __nv_bf
     return f32_to_bf16(oi * r * bf16_to_f32(gamma) * sig);
 }
 
-template <int H, int D>
-__device__ __forceinline__ void
-kda_o_norm_gated_bf16_dev(const float* o, int o_stride,
-                          const __nv_bfloat16* gate, int gate_stride,
-                          const __nv_bfloat16* weight, int weight_head_stride, float eps,
-                          __nv_bfloat16* y, int y_stride) {
+// One head's gated norm, called by all D threads of a block (thread i holds channel i's o_i): the
+// sum of squares by the two shuffle-down trees, then y_i. Also the epilogue of the fused
+// recurrence (kda_recurrent.cuh, kda_recurrent_norm_decode_bf16): the same bits.
+template <int D>
+__device__ __forceinline__ __nv_bfloat16 kda_o_norm_head(float oi, __nv_bfloat16 gamma_i, __nv_bfloat16 gate_i,
+                                                         float eps) {
     static_assert(D % 32 == 0 && D <= 1024, "whole warps, one block per head");
     constexpr int WARPS = D / 32;
     __shared__ float partial[WARPS];
     __shared__ float total;
-
-    const int h = blockIdx.x, i = threadIdx.x;
-    const long row = blockIdx.y;
-    const float oi = o[row * o_stride + (long)h * D + i];
+    const int i = threadIdx.x;
     const float sq = warp_sum_down(oi * oi);
     if (i % 32 == 0) partial[i / 32] = sq;
     __syncthreads();
@@ -58,9 +55,20 @@ kda_o_norm_gated_bf16_dev(const float* o, int o_stride,
         if (i == 0) total = t;
     }
     __syncthreads();
-    const float r = o_norm_scale<D>(total, eps);
-    y[row * y_stride + (long)h * D + i] = o_norm_gated(oi, r, weight[h * weight_head_stride + i],
-                                                       gate[row * gate_stride + (long)h * D + i]);
+    return o_norm_gated(oi, o_norm_scale<D>(total, eps), gamma_i, gate_i);
+}
+
+template <int H, int D>
+__device__ __forceinline__ void
+kda_o_norm_gated_bf16_dev(const float* o, int o_stride,
+                          const __nv_bfloat16* gate, int gate_stride,
+                          const __nv_bfloat16* weight, int weight_head_stride, float eps,
+                          __nv_bfloat16* y, int y_stride) {
+    const int h = blockIdx.x, i = threadIdx.x;
+    const long row = blockIdx.y;
+    const float oi = o[row * o_stride + (long)h * D + i];
+    y[row * y_stride + (long)h * D + i] = kda_o_norm_head<D>(oi, weight[h * weight_head_stride + i],
+                                                             gate[row * gate_stride + (long)h * D + i], eps);
 }
 
 template <int H, int D>

@@ -24,7 +24,17 @@
 //           u = beta * (v_j - kv)
 //   pass 2: S'[i][j] = s_i + k_i * u;   o_j = sum_{i} S'[i][j] * (q_i * scale)  (in order)
 //   FP32 throughout, no FMA contraction; q, k, v widened exactly from BF16; no state clamp.
-// Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
+//
+//   kbp::kda_recurrent_norm_decode_bf16<HK, HV, DK, DV>(q, k, v, log_decay, beta, scale, state, out,
+//       gate, gamma, gamma_head_stride, eps, y)            (fusion rule kda_recurrence_norm)
+//     One token of one sequence, the gated output norm (kda_o_norm.cuh) as the epilogue: q, k, v,
+//     log_decay, beta, state as above (one row); out: (HV*DV) FP32 or nullptr (the recurrence's
+//     output, written only when a later kernel or the debug arena keeps it); gate: (HV*DV) BF16 z;
+//     gamma: BF16 (DV) shared (gamma_head_stride = 0) or (HV, DV); y: (HV*DV) BF16.
+//     grid = (HV), block = (DV): one block per value head, thread j owns value column j (the
+//     column math above), then y_j = the gated norm of the head's DV outputs, exactly
+//     kda_o_norm_gated_bf16's. DV % 32 == 0, DV <= 1024.
+// Entry points: the __global__ templates, or the body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
 #pragma once
 
@@ -32,6 +42,7 @@
 #include <stdint.h>
 
 #include "kbp_common.cuh"
+#include "kda_o_norm.cuh"
 
 namespace kbp {
 
@@ -160,6 +171,37 @@ kda_recurrent_decode_bf16_seq_reg(const __nv_bfloat16* q,
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     kda_recurrent_decode_bf16_seq_reg_dev<HK, HV, DK, DV, COLS, T>(q, k, v, qkv_stride, log_decay,  // pdl_wait inside
         decay_stride, beta, beta_stride, scale, state, state_stride, snap, out, out_stride);
+}
+
+// (DV, 1): without the minimum of one block ptxas holds the 128-float column in 32 registers and
+// spills it (3.4 KB a thread at the seed's shape; with it 255 registers, as the column form).
+template <int HK, int HV, int DK, int DV>
+__global__ void __launch_bounds__(DV, 1)
+kda_recurrent_norm_decode_bf16(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                               const float* log_decay, const float* beta, float scale, float* state,
+                               float* out, const __nv_bfloat16* gate, const __nv_bfloat16* gamma,
+                               int gamma_head_stride, float eps, __nv_bfloat16* y) {
+    static_assert(HV % HK == 0, "each q/k head serves a whole group of value heads");
+    static_assert(DV % 32 == 0 && DV <= 1024, "one block of whole warps per value head");
+    static_assert(DK % 4 == 0, "the staged factors are read as float4");
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    __shared__ __align__(16) float s_decay[DK], s_k[DK], s_q[DK];
+    const int h = blockIdx.x, hk = h / (HV / HK), j = threadIdx.x;
+    float* col = state + (long)h * DK * DV + j;
+    float S[DK];   // read before pdl_wait, as in the column form: the state is this kernel's own
+#pragma unroll
+    for (int i = 0; i < DK; ++i) S[i] = col[(long)i * DV];
+    pdl_wait();   // PDL: q, k, v, the gates, beta and z come from the previous kernels
+    kda_stage_token<DK, DV>(q + (long)hk * DK, k + (long)hk * DK, log_decay + (long)h * DK, scale,
+                            s_decay, s_k, s_q);
+    __syncthreads();
+    const float vj = bf16_to_f32(v[(long)h * DV + j]);
+    const float o = kda_column_step<DK>(S, s_decay, s_k, s_q, vj, beta[h]);
+#pragma unroll
+    for (int i = 0; i < DK; ++i) col[(long)i * DV] = S[i];
+    if (out != nullptr) out[(long)h * DV + j] = o;
+    y[(long)h * DV + j] = kda_o_norm_head<DV>(o, gamma[(long)h * gamma_head_stride + j],
+                                              gate[(long)h * DV + j], eps);
 }
 
 }  // namespace kbp

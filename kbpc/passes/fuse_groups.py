@@ -8,8 +8,9 @@ records every candidate: the groups merged, or why they were left apart. With op
 the plan keeps the blueprint's groups (the candidates are still reported, as not applied).
 
 Search: for each rule, in group order, a group holding the rule's anchor op and no op the rule
-lacks seeds a merge; groups
-joined to the merge by a data edge whose ops still fit the rule are added, the earliest first,
+lacks seeds a merge; groups joined to the merge by a data edge or reading the same tensor (or,
+for a rule with `siblings`, reading any output of the same group) whose ops still fit the rule
+are added, the earliest first,
 until the merge holds exactly the rule's ops, and the rule's check accepts the merged nodes
 (formats, which edge feeds which). Each group joins at most one merge."""
 from __future__ import annotations
@@ -27,7 +28,7 @@ def fuse_groups(plan: Plan) -> Plan:
     grouping = plan.grouping
     ops = {g.id: Counter(n.op for n in grouping.nodes(g.id)) for g in plan.groups}
     device = {g.id for g in plan.groups if g.where == "device"}
-    neighbours = _neighbours(plan)
+    neighbours, siblings = _neighbours(plan), _siblings(plan)
     deps = grouping.dependencies()
     unknown = sorted(set(plan.options.skip_fusions + plan.options.add_fusions) - {r.name for r in FUSION_RULES})
     if unknown:
@@ -41,7 +42,8 @@ def fuse_groups(plan: Plan) -> Plan:
             if (g.id in taken or g.id not in device or ops[g.id][rule.anchor] == 0
                     or ops[g.id] - rule.op_counts):
                 continue
-            members, missing = _grow(rule, g.id, ops, neighbours, taken | (set(ops) - device), deps)
+            near = {k: v | siblings[k] for k, v in neighbours.items()} if rule.siblings else neighbours
+            members, missing = _grow(rule, g.id, ops, near, taken | (set(ops) - device), deps)
             if missing:
                 records.append(FusionRecord(rule.name, members, False,
                                             f"no neighbouring group that keeps the merge convex holds {missing}"))
@@ -88,6 +90,19 @@ def _neighbours(plan: Plan) -> dict[int, set[int]]:
     for siblings in readers.values():
         for g in siblings:
             out[g] |= siblings - {g}
+    return out
+
+
+def _siblings(plan: Plan) -> dict[int, set[int]]:
+    """Groups that read outputs of one producing group (any of its tensors): independent consumers
+    of one producer, which a rule with `siblings` may put side by side in one launch."""
+    out: dict[int, set[int]] = {g.id: set() for g in plan.groups}
+    readers: dict[int, set[int]] = {}
+    for t in plan.grouping.crossing_edges():
+        readers.setdefault(plan.grouping.group_of(t.src), set()).add(plan.grouping.group_of(t.dst))
+    for consumers in readers.values():
+        for g in consumers:
+            out[g] |= consumers - {g}
     return out
 
 

@@ -33,6 +33,7 @@ class FusionRule:
     tensor_parallel: bool = True     # the fused form also serves a rank of a split plan
     default: bool = True             # applied unless skipped; False: only on request (--fuse-rule)
     off_by_default_why: str = ""     # why a rule is opt-in (measured), for the report
+    siblings: bool = False           # groups reading outputs of one producer may merge (side by side)
 
     @property
     def op_counts(self) -> Counter:
@@ -95,6 +96,18 @@ def _kda_chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The fused KDA kernel's formats and size limits (kbpc/codegen/families/kda_fused.py)."""
     from kbpc.codegen.families.kda_fused import chain_fits  # noqa: PLC0415  (codegen imports this table)
     return chain_fits(bp, nodes)
+
+
+def _kda_conv_gates_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The side-by-side kernel's limits (kbpc/codegen/families/kda_conv_gates.py)."""
+    from kbpc.codegen.families.kda_conv_gates import fits  # noqa: PLC0415  (codegen imports this table)
+    return fits(bp, nodes)
+
+
+def _kda_recurrence_norm_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The norm reads the recurrence's output; the fused form's limits (kbpc/codegen/families/kda_recurrent.py)."""
+    from kbpc.codegen.families.kda_recurrent import norm_fits  # noqa: PLC0415  (codegen imports this table)
+    return norm_fits(bp, nodes)
 
 
 def _router_expert_quant_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
@@ -164,6 +177,18 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                                   "7.27 ms a step with it vs 6.76-7.09 ms without; in the replayed step it takes "
                                   "~30 us a layer against ~20 us for the five kernels, though alone 22.6 us "
                                   "against 61.4 us)"),
+    # After kda_chain (which, asked for, takes these groups first).
+    FusionRule("kda_conv_gates", "kda_conv_gates",
+               ("concat", "conv1d_update", "state_snapshot", "l2_norm", "act_quant", "linear:kda_f_b", "gdn_gates",
+                "act_quant", "linear:kda_g_b"), "conv1d_update",
+               "the KDA short conv + L2 norm and the FP8 gate chain, independent readers of the same projection, "
+               "share one grid (kernels/kda_conv_gates.cuh): one launch fewer, and the recurrence follows one "
+               "kernel on one stream (its state loaded early under PDL) instead of joining two streams",
+               _kda_conv_gates_fits, siblings=True),
+    FusionRule("kda_recurrence_norm", "kda_recurrent", ("gdn_recurrence", "gated_rms_norm"), "gdn_recurrence",
+               "the KDA gated output norm runs as the recurrence's epilogue (kda_recurrent_norm_decode_bf16, one "
+               "block per value head): one launch fewer, the FP32 recurrence output stays on chip",
+               _kda_recurrence_norm_fits),
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),

@@ -56,7 +56,8 @@ FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static", "glm_moe_layer"})  # 
 # without activation quantization (Options.act_quant off, a debugging aid) runs their `unquantized`
 # variant (kbpc/codegen/families/unquantized.py), where one exists.
 ACT_QUANT_FAMILIES = frozenset({"w8a8_act_quant", "wxay", "w4a4_mx", "w4a4_mx_static", "kda_gates_w8a8",
-                                "glm_mla_latent_write", "glm_mla_decode", "glm_moe_layer", "kda_fused"})
+                                "glm_mla_latent_write", "glm_mla_decode", "glm_moe_layer", "kda_fused",
+                                "kda_conv_gates"})
 
 
 def variant_for(target: Target, family: str, act_quant: bool = True) -> str:
@@ -69,7 +70,7 @@ def variant_for(target: Target, family: str, act_quant: bool = True) -> str:
         # on sm_120/121 the block-scaled MMA path exists in the header but is not used until it has
         # been validated on such hardware.
         return "e2m1_dp4a_exact"
-    if family in ("wxay", "kda_gates_w8a8", "kda_fused"):
+    if family in ("wxay", "kda_gates_w8a8", "kda_fused", "kda_conv_gates"):
         return "fp8_mma" if target.fp8_mma else "fp8_dequant_fma"
     return "cuda_core"
 

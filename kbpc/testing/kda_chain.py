@@ -22,6 +22,7 @@ from kbpc.reference.kda_recurrent import query_scale
 
 F32 = np.float32
 CHAIN_FAMILIES = ("kda_pack", "causal_conv1d_l2norm", "kda_gates_w8a8", "kda_recurrent", "kda_o_norm")
+FUSED_FAMILIES = ("kda_fused", "kda_conv_gates", "kda_recurrent")   # what fusion makes of the chain
 INPUTS = ("q", "k", "v", "f_a", "g_a", "b")          # the fused kernel's row inputs, in order
 INTERMEDIATES = ("packed", "conv", "f", "decay", "beta", "og", "core")
 
@@ -124,13 +125,14 @@ def fused_args(dims: KdaDims, dev: dict, eps: tuple[float, float, float], out: d
 @dataclass(frozen=True)
 class ProductChain:
     """The product's launches for one KDA layer of a plan: the five unfused kernels (`plan`) and the
-    fused kernel of the merged group (`merged`, keeping the inner buffers so the fused kernel writes
-    them too). Buffer names: `inputs` (by INPUTS name), `inner`, and the output `gated`."""
+    fused kernels of the merged groups (`merged`, keeping the inner buffers so the fused kernels
+    write them too), in step order. Buffer names: `inputs` (by INPUTS name), `inner`, and the
+    output `gated`."""
     block: str
     plan: Plan
     unfused: tuple[Launch, ...]
     merged: Plan
-    fused: Launch
+    fused: tuple[Launch, ...]
     inputs: dict[str, str]
     inner: tuple[str, ...]
     gated: str
@@ -148,16 +150,24 @@ class ProductChain:
         return f"{self.block}.short_conv.window", f"{self.block}.recur.state"
 
 
-def product_chain(path: str) -> ProductChain:
+def product_chain(path: str, form: str = "kda_chain") -> ProductChain:
     """The first KDA layer of blueprint `path`, planned without and with the fusion pass and lowered
     both ways. The fused plan keeps the chain's inner buffers (their names; the unfused plan's arena
-    offsets), so the fused kernel writes every intermediate for comparison."""
+    offsets), so the fused kernels write every intermediate for comparison. form: "kda_chain" (the
+    opt-in rules: one kda_fused launch) or "default" (the default rules: kda_conv_gates and
+    kda_recurrence_norm, two launches)."""
     from kbpc.codegen.context import LowerCtx  # noqa: PLC0415
     from kbpc.codegen.families import lower_group  # noqa: PLC0415
     from kbpc.testing.lowering import planned  # noqa: PLC0415
 
     # every buffer its own bytes: the unfused chain keeps its pack copy (no concat written in place)
-    plan, fused_plan = planned(path, arena_reuse=False)[0], planned(path, fuse=True, arena_reuse=False)[0]
+    plan = planned(path, arena_reuse=False)[0]
+    if form == "kda_chain":
+        fused_plan = planned(path, fuse=True, arena_reuse=False)[0]
+    elif form == "default":
+        fused_plan = planned(path, fuse=True, arena_reuse=False, opt_in=False)[0]
+    else:
+        raise ValueError(f"no KDA chain form {form!r}")
     bp = plan.blueprint
     first = min((g for g in plan.groups if g.family == "kda_recurrent"), key=lambda g: g.id)
     block = bp.node_by_id[first.nodes[0]].block
@@ -168,8 +178,9 @@ def product_chain(path: str) -> ProductChain:
     inner = tuple(b.name for b in plan.buffers if b.producer_group in {g.id for g in chain} and b.name != gated)
     merged = dataclasses.replace(fused_plan, buffers=fused_plan.buffers + tuple(b for b in plan.buffers
                                                                                    if b.name in inner))
-    group = next(g for g in merged.groups if g.family == "kda_fused" and bp.node_by_id[g.nodes[0]].block == block)
-    (fused,) = lower_group(LowerCtx(merged), group)
+    groups = [g for g in merged.groups if g.rule.startswith("fused:") and bp.node_by_id[g.nodes[0]].block == block
+              and g.family in FUSED_FAMILIES]
+    fused = tuple(launch for g in groups for launch in lower_group(LowerCtx(merged), g))
     edges = {"q": "q.q", "k": "k.k", "v": "v.v", "f_a": "f_a.fa", "g_a": "g_a.ga", "b": "b.b"}
     return ProductChain(block, plan, unfused, merged, fused, {n: f"{block}.{e}" for n, e in edges.items()},
                         inner, gated)
@@ -193,3 +204,40 @@ def bind(launch: Launch, plan: Plan, arrays: dict) -> tuple:
         else:
             raise TypeError(f"the KDA chain's launches take no {type(a).__name__} argument")
     return tuple(out)
+
+
+DTYPE = {"bf16": np.uint16, "f32": np.float32}
+
+
+def chain_sides(g, chain: ProductChain, rng) -> tuple[KdaLayerData, list, dict]:
+    """Random layer data (random gate values), the chain's output and kept-intermediate buffers, and
+    per side ("unfused", "fused") its launches, plan and device arrays by name (the weights shared,
+    each side its own window and state)."""
+    data = KdaLayerData.random(rng, chain.dims, integer_gates=False)
+    weights = {n: g.to_gpu(v) for n, v in data.named_weights(chain.block).items()}
+    window, state = chain.state_names
+    outputs = [b for b in chain.plan.buffers if b.name in chain.inner + (chain.gated,)]
+    sides = {side: (launches, p, {**weights, window: g.to_gpu(data.window), state: g.to_gpu(data.state)})
+             for side, launches, p in (("unfused", chain.unfused, chain.plan), ("fused", chain.fused, chain.merged))}
+    return data, outputs, sides
+
+
+def assert_sides_equal(g, chain: ProductChain, rng, steps: int, launcher) -> None:
+    """Run the chain's unfused and fused product launches on the same fresh random inputs for
+    `steps` tokens (each side its own window and state, outputs poisoned before every token) and
+    assert the same bits in every output and kept intermediate, and every few tokens in the window
+    and the state. g: kbpc.testing.gpu; launcher: kbpc.testing.launchers.launcher."""
+    data, outputs, sides = chain_sides(g, chain, rng)
+    window, state = chain.state_names
+    for step in range(steps):
+        ins = {chain.inputs[n]: g.to_gpu(v) for n, v in data.step_inputs(rng).items()}
+        names = [b.name for b in outputs] + ([window, state] if step % 8 == 7 or chain.dims.hv < 8 else [])
+        got = {}
+        for side, (launches, p, arrays) in sides.items():
+            arrays.update(ins)
+            arrays.update({b.name: g.poisoned((b.elements,), DTYPE[b.format]) for b in outputs})
+            for launch in launches:
+                launcher(launch.instance)(launch.grid, launch.block, *bind(launch, p, arrays), smem=launch.smem)
+            got[side] = {name: g.fetch(arrays[name], f"{side} {name}") for name in names}
+        for name, value in got["unfused"].items():
+            np.testing.assert_array_equal(got["fused"][name], value, f"{name} at step {step}")

@@ -17,13 +17,13 @@ from kbpc.ir.buffers import buffer_name
 
 @lru_cache(maxsize=8)
 def planned(path: str, target: str = "sm_90", fuse: bool = False, numerics: str = "fast",
-            arena_reuse: bool = True) -> tuple[Plan, LowerCtx]:
+            arena_reuse: bool = True, opt_in: bool = True) -> tuple[Plan, LowerCtx]:
     """The planned blueprint and its lowering context; by default without the fusion pass, so a
     family's tests see the blueprint's own groups (fused forms are tested with fuse=True, which
-    applies the opt-in rules too). arena_reuse=False: every buffer its own bytes, and no concat
-    written in place (the pack keeps its copy)."""
+    applies the opt-in rules too unless opt_in is False). arena_reuse=False: every buffer its own
+    bytes, and no concat written in place (the pack keeps its copy)."""
     plan = run_pipeline(load_blueprint(Path(path)), Options(target=target, fuse=fuse, numerics=numerics,
-                                                            add_fusions=OPT_IN_RULES if fuse else (),
+                                                            add_fusions=OPT_IN_RULES if fuse and opt_in else (),
                                                             arena_reuse=arena_reuse))
     return plan, LowerCtx(plan)
 

@@ -22,7 +22,7 @@ from kbpc.reference.formats import bf16_bits, bf16_from_bits
 from kbpc.reference.kda_fused import kda_decode_step
 from kbpc.testing.compare import assert_f32_exact
 from kbpc.testing.kda_chain import (
-    INTERMEDIATES, KdaLayerData, bind, fused_args, product_chain, upload, widths,
+    INTERMEDIATES, KdaLayerData, assert_sides_equal, fused_args, product_chain, upload, widths,
 )
 
 pytestmark = pytest.mark.gpu
@@ -135,23 +135,4 @@ def test_fused_equals_unfused(which, tiny_path, seed_path):
     g = _gpu()
     rng = np.random.default_rng()
     chain = product_chain(str(tiny_path if which == "tiny" else seed_path))
-    dims = chain.dims
-    data = KdaLayerData.random(rng, dims, integer_gates=False)
-    weights = {n: g.to_gpu(v) for n, v in data.named_weights(chain.block).items()}
-    window, state = chain.state_names
-    outputs = [b for b in chain.plan.buffers if b.name in chain.inner + (chain.gated,)]
-    dtype = {"bf16": np.uint16, "f32": np.float32}
-    sides = {side: (launches, p, {**weights, window: g.to_gpu(data.window), state: g.to_gpu(data.state)})
-             for side, launches, p in (("unfused", chain.unfused, chain.plan), ("fused", (chain.fused,), chain.merged))}
-    for step in range(STEPS):
-        ins = {chain.inputs[n]: g.to_gpu(v) for n, v in data.step_inputs(rng).items()}
-        names = [b.name for b in outputs] + ([window, state] if step % 8 == 7 or dims.hv < 8 else [])
-        got = {}
-        for side, (launches, p, arrays) in sides.items():
-            arrays.update(ins)
-            arrays.update({b.name: g.poisoned((b.elements,), dtype[b.format]) for b in outputs})
-            for launch in launches:
-                launcher(launch.instance)(launch.grid, launch.block, *bind(launch, p, arrays), smem=launch.smem)
-            got[side] = {name: g.fetch(arrays[name], f"{side} {name}") for name in names}
-        for name, value in got["unfused"].items():
-            np.testing.assert_array_equal(got["fused"][name], value, f"{name} at step {step}")
+    assert_sides_equal(g, chain, rng, STEPS, launcher)

@@ -63,7 +63,8 @@ def test_merged_group_lowers_to_one_fused_launch(tiny):
 def test_kept_intermediates_are_written(tiny_path):
     """Inner edges that keep a buffer (here: put back by product_chain) are written by the kernel."""
     chain = product_chain(str(tiny_path))
-    a, b = chain.fused.args, chain.block
+    (fused,) = chain.fused
+    a, b = fused.args, chain.block
     assert points_into(a[23], f"{b}.qkv.qkv") and points_into(a[24], f"{b}.l2.qkvn")
     assert a[25] == NULL   # f never had a buffer
     assert points_into(a[26], f"{b}.gates.decay") and points_into(a[27], f"{b}.gates.beta")
@@ -101,10 +102,10 @@ def test_product_chain_binds_every_argument(tiny_path):
     chain = product_chain(str(tiny_path))
     assert [launch.instance.family for launch in chain.unfused] == list(CHAIN_FAMILIES)
     assert chain.dims == fused.KdaDims(2, 2, 128, 128, 128, 128, 4)
-    names = {a.buffer if isinstance(a, ArenaPtr) else a.name for launch in chain.unfused + (chain.fused,)
+    names = {a.buffer if isinstance(a, ArenaPtr) else a.name for launch in chain.unfused + chain.fused
              for a in launch.args if isinstance(a, (ArenaPtr, WeightPtr, StatePtr))}
     arrays = {name: _Dev((i + 1) << 32) for i, name in enumerate(sorted(names))}
-    for launch, plan in [(launch, chain.plan) for launch in chain.unfused] + [(chain.fused, chain.merged)]:
+    for launch, plan in [(launch, chain.plan) for launch in chain.unfused] + [(launch, chain.merged) for launch in chain.fused]:
         for ctype, value in zip(launch.instance.params, bind(launch, plan, arrays), strict=True):
             if ctype.endswith("*"):
                 assert value is None or isinstance(value, (_Dev, int)), (launch.instance.kernel, ctype, value)

@@ -69,7 +69,7 @@ def test_quantizing_fusions_are_left_apart_with_the_reason(plans):
     plain, _ = plans
     off = [f for f in plain.fusions if not f.applied and "activation quantization is off" in f.reason]
     assert off and all(f.rule in ("rms_norm_fp8_quant", "moe_layer", "kda_chain", "moe_swiglu_down",
-                                  "moe_gate_up_swiglu", "router_expert_quant") for f in off)
+                                  "moe_gate_up_swiglu", "router_expert_quant", "kda_conv_gates") for f in off)
     assert any(f.rule == "router_expert_quant" for f in off)
     assert not any(f.applied and f.rule in ("rms_norm_fp8_quant", "router_expert_quant") for f in plain.fusions)
     # the router's own fusion, which does not quantize, still serves the MoE blocks

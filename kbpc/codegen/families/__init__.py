@@ -8,8 +8,8 @@ from typing import Callable
 from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dequant_gemv, dsa_indexer, embed_copy,
                                     glm_mhc, glm_mla_decode, glm_mla_latent_write, glm_moe_combine,
-                                    glm_moe_layer, glm_router_topk, glm_swiglu_clamp, kda_fused,
-                                    kda_gates_w8a8, kda_o_norm,
+                                    glm_moe_layer, glm_router_topk, glm_swiglu_clamp, kda_conv_gates,
+                                    kda_fused, kda_gates_w8a8, kda_o_norm,
                                     kda_pack, kda_recurrent, layer_norm, rms_norm, w4a4_mx,
                                     w4a4_mx_static, w4a16_gemv, w8a8_act_quant, wxay)
 from kbpc.codegen.records import Launch
@@ -31,6 +31,7 @@ LOWERINGS: dict[tuple[str, str], Lowering] = {
     ("glm_moe_layer", "e2m1_dp4a_exact"): glm_moe_layer.lower,   # the fused MoE layer (rule moe_layer)
     ("glm_router_topk", "cuda_core"): glm_router_topk.lower,
     ("glm_swiglu_clamp", "cuda_core"): glm_swiglu_clamp.lower,
+    ("kda_conv_gates", "fp8_mma"): kda_conv_gates.lower,   # conv + gates side by side (rule kda_conv_gates)
     ("kda_fused", "fp8_mma"): kda_fused.lower,         # a merged KDA chain group (fusion rule kda_chain)
     ("kda_gates_w8a8", "fp8_mma"): kda_gates_w8a8.lower,
     ("kda_o_norm", "cuda_core"): kda_o_norm.lower,

@@ -17,7 +17,7 @@ from kbpc.codegen.args import NULL, Arg, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families.causal_conv1d_l2norm import qk_channels
-from kbpc.codegen.families.kda_gates_w8a8 import _projection
+from kbpc.codegen.families.kda_gates_w8a8 import _projection, fp8_gates_fit
 from kbpc.codegen.families.kda_recurrent import query_scale
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.graph import Blueprint
@@ -120,13 +120,9 @@ def chain_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     must be FP8 per-channel weights on per-token FP8 rows of width a multiple of 128, and a split
     must fit the kernel's limits."""
     by_op = {n.op: n for n in nodes}
-    for quant in (n for n in nodes if n.op == "act_quant"):
-        if any(t.format != "fp8/token" for t in bp.outputs(quant.order)):
-            return "a gate quantizer does not write fp8/token"
-        if bp.inputs(quant.order)[0].dim_value % 128:
-            return f"gate rank {bp.inputs(quant.order)[0].dim_value} is not a multiple of 128"
-    if any(n.precision.weight != "fp8/channel" for n in nodes if n.op_base == "linear"):
-        return "a gate projection's weight is not fp8/channel"
+    refusal = fp8_gates_fit(bp, nodes)
+    if refusal:
+        return refusal
     sym, width = bp.symbols, bp.config.constants.conv_width
     hk, dk = sym["lin_k_heads"], sym["lin_k_dim"]
     hv = next(t for t in bp.inputs(by_op["gdn_gates"].order) if t.id.rsplit(".", 1)[-1] == "b").dim_value

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.records import KernelInstance, Launch
+from kbpc.ir.graph import Blueprint
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
 
@@ -29,6 +30,20 @@ def _projection(ctx: LowerCtx, linear: Node) -> tuple[Node, Tensor]:
     if linear.precision.weight != "fp8/channel":
         raise LoweringError(f"gate weight {linear.precision.weight} is not fp8/channel", f"node {linear.id}")
     return linear, ctx.input(quant)
+
+
+def fp8_gates_fit(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """Why a fused form cannot run these nodes' gate chain with this family's device code (None:
+    it can): every gate quantizer writes fp8/token rows of width a multiple of 128, every gate
+    projection has an fp8/channel weight."""
+    for quant in (n for n in nodes if n.op == "act_quant"):
+        if any(t.format != "fp8/token" for t in bp.outputs(quant.order)):
+            return "a gate quantizer does not write fp8/token"
+        if bp.inputs(quant.order)[0].dim_value % 128:
+            return f"gate rank {bp.inputs(quant.order)[0].dim_value} is not a multiple of 128"
+    if any(n.precision.weight != "fp8/channel" for n in nodes if n.op_base == "linear"):
+        return "a gate projection's weight is not fp8/channel"
+    return None
 
 
 def _optional_buf(ctx: LowerCtx, t: Tensor, ctype: str) -> str:
