@@ -19,6 +19,8 @@
 //       the same bits with W in {1,2,4,8} warps per CTA, grid = tiles * (8/W): for small N, a tile's
 //       eight warp chains spread over up to eight SMs; the partials meet in a global scratch (see
 //       wxay_tile_ks). PDL: weight lines prefetched to L2 before pdl_wait().
+//   PDL in wxay_rowscale and wxay_rowscale_split_list: each warp issues its first WXAY_BATCH
+//   chunks' weight loads (all of them when K <= 4096) before pdl_wait(), the activation after it.
 // Math (explain.families.wxay, rowscale): warp w takes the 128-wide chunks c = w (mod 8) in
 //   increasing order; a chunk is 4 chained m16n8k32 MMAs from zero (weights on the 16-row side,
 //   the token in column 0 of the 8-wide side), S_c is added to the warp's FP32 accumulator
@@ -69,7 +71,10 @@ __device__ __forceinline__ void wxay_chunk(const uint4 (&w)[4], const uint4 (&x)
 
 // Warp `warp`'s chain over the 128-wide chunks c = warp (mod 8) of the 16-row tile at w_rows:
 // acc0 / acc8 = rows g / g+8 (valid in lanes t == 0). The same bits whichever CTA runs it.
-template <int K>
+// PREWAIT: the chain calls pdl_wait() itself, after issuing its first batch's weight loads (up to
+// WXAY_BATCH chunks, 64 bytes a lane each) and before its first activation load: under PDL the
+// weights stream while the kernel before it finishes.
+template <int K, bool PREWAIT = false>
 __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uint8_t* a_codes,
                                                 int warp, float& acc0, float& acc8) {
     static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
@@ -89,6 +94,13 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
             if (b0 + i < PER && c < NCH) {
                 w[i][0] = __ldcs(rg + 8 * c); w[i][1] = __ldcs(rg + 8 * c + 1);
                 w[i][2] = __ldcs(r8 + 8 * c); w[i][3] = __ldcs(r8 + 8 * c + 1);
+            }
+        }
+        if (PREWAIT && b0 == 0) pdl_wait();   // PDL: the activation comes from the previous kernel
+#pragma unroll
+        for (int i = 0; i < WXAY_BATCH; ++i) {
+            int c = warp + 8 * (b0 + i);
+            if (b0 + i < PER && c < NCH) {
                 x[i][0] = g == 0 ? ld_step(xa + 8 * c) : zero;  // the token is column 0 of B
                 x[i][1] = g == 0 ? ld_step(xa + 8 * c + 1) : zero;
             }
@@ -124,7 +136,8 @@ __device__ __forceinline__ void wxay_e4m3x4_f64(uint32_t w, double (&v)[4]) {
 // correct rounding, acc = f32(acc + S_c): the reference's order, so the bits are the reference's.
 // The MMA form rounds the chunk sum to FP32 inside the tensor core first (its internal
 // accumulation is unspecified), which differs from the reference in rare chunks.
-template <int K>
+// PREWAIT as in wxay_warp_chain: the first chunk's weight loads are issued before pdl_wait().
+template <int K, bool PREWAIT = false>
 __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, const uint8_t* a_codes,
                                                       int warp, float& acc0, float& acc8) {
     static_assert(K % 128 == 0, "wxay walks K in 128-wide chunks");
@@ -134,11 +147,20 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
     const uint4* r8 = reinterpret_cast<const uint4*>(w_rows + (size_t)(g + 8) * K) + 2 * t;
     const uint4* xa = reinterpret_cast<const uint4*>(a_codes) + 2 * t;
     acc0 = 0.0f, acc8 = 0.0f;
+    uint4 wv[4];
+    if (warp < NCH) {
+        wv[0] = __ldcs(rg + 8 * warp); wv[1] = __ldcs(rg + 8 * warp + 1);
+        wv[2] = __ldcs(r8 + 8 * warp); wv[3] = __ldcs(r8 + 8 * warp + 1);
+    }
+    if (PREWAIT) pdl_wait();   // PDL: the activation comes from the previous kernel
 #pragma unroll 1   // one chunk's loads at a time: the FP64 sums, not the loads, bound this form
     for (int i = 0; i < PER; ++i) {
         const int c = warp + 8 * i;
         if (c >= NCH) break;   // warp-uniform
-        const uint4 wv[4] = {__ldcs(rg + 8 * c), __ldcs(rg + 8 * c + 1), __ldcs(r8 + 8 * c), __ldcs(r8 + 8 * c + 1)};
+        if (i > 0) {
+            wv[0] = __ldcs(rg + 8 * c); wv[1] = __ldcs(rg + 8 * c + 1);
+            wv[2] = __ldcs(r8 + 8 * c); wv[3] = __ldcs(r8 + 8 * c + 1);
+        }
         const uint4 xv[2] = {ld_step(xa + 8 * c), ld_step(xa + 8 * c + 1)};
         const uint32_t wg[8] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w, wv[1].x, wv[1].y, wv[1].z, wv[1].w};
         const uint32_t w8[8] = {wv[2].x, wv[2].y, wv[2].z, wv[2].w, wv[3].x, wv[3].y, wv[3].z, wv[3].w};
@@ -174,36 +196,37 @@ __device__ __forceinline__ __nv_bfloat16 wxay_finish(const float (&v)[8], float 
     return f32_to_bf16(__fmul_rn(p, __fmul_rn(w_scale, a_scale)));
 }
 
-// The 16-row tile starting at w_rows: returns nothing, writes y[0..15].
-template <int K, bool EXACT = false>
+// The 16-row tile starting at w_rows: returns nothing, writes y[0..15]. PREWAIT: the chains call
+// pdl_wait() after their first weight loads (the caller has not waited and has read no step data).
+template <int K, bool EXACT = false, bool PREWAIT = false>
 __device__ __forceinline__ void wxay_tile(const uint8_t* w_rows, const float* w_scales,
-                                          const uint8_t* a_codes, float a_scale,
+                                          const uint8_t* a_codes, const float* a_scale,
                                           __nv_bfloat16* y) {
     __shared__ float part[8][16];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float acc0, acc8;
     if constexpr (EXACT)
-        wxay_warp_chain_exact<K>(w_rows, a_codes, warp, acc0, acc8);
+        wxay_warp_chain_exact<K, PREWAIT>(w_rows, a_codes, warp, acc0, acc8);
     else
-        wxay_warp_chain<K>(w_rows, a_codes, warp, acc0, acc8);
+        wxay_warp_chain<K, PREWAIT>(w_rows, a_codes, warp, acc0, acc8);
     if (t == 0) { part[warp][g] = acc0; part[warp][g + 8] = acc8; }
     __syncthreads();
     if (threadIdx.x < 16) {
         float v[8];
 #pragma unroll
         for (int w = 0; w < 8; ++w) v[w] = part[w][threadIdx.x];
-        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), a_scale);
+        y[threadIdx.x] = wxay_finish(v, __ldg(w_scales + threadIdx.x), ld_step(a_scale));
     }
 }
 
-template <int K, bool EXACT = false>
+template <int K, bool EXACT = false, bool PREWAIT = false>
 __device__ __forceinline__ void wxay_rowscale_dev(const uint8_t* a_codes,
                                                      const float* a_scale,
                                                      const uint8_t* w_codes,
                                                      const float* w_scales,
                                                      __nv_bfloat16* y, int N) {
     const size_t n0 = (size_t)blockIdx.x * 16;
-    wxay_tile<K, EXACT>(w_codes + n0 * K, w_scales + n0, a_codes, ld_step(a_scale), y + n0);
+    wxay_tile<K, EXACT, PREWAIT>(w_codes + n0 * K, w_scales + n0, a_codes, a_scale, y + n0);
 }
 
 template <int K, bool EXACT = false>
@@ -212,11 +235,11 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* a_codes,
                                                      const uint8_t* w_codes,
                                                      const float* w_scales,
                                                      __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
-    wxay_rowscale_dev<K, EXACT>(a_codes, a_scale, w_codes, w_scales, y, N);
+    // PDL: pdl_wait() inside the warp chains, after each warp's first weight loads
+    wxay_rowscale_dev<K, EXACT, true>(a_codes, a_scale, w_codes, w_scales, y, N);
 }
 
-template <int K, bool EXACT = false>
+template <int K, bool EXACT = false, bool PREWAIT = false>
 __device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* table, int nseg,
                                                            const uint8_t* a_codes,
                                                            const float* a_scale) {
@@ -224,7 +247,7 @@ __device__ __forceinline__ void wxay_rowscale_split_dev(const WxaySeg* table, in
     while (s < nseg - 1 && b >= table[s].n / 16) { b -= table[s].n / 16; ++s; }
     const WxaySeg seg = table[s];
     const size_t n0 = (size_t)b * 16;
-    wxay_tile<K, EXACT>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, ld_step(a_scale), seg.y + n0);
+    wxay_tile<K, EXACT, PREWAIT>(seg.w_codes + n0 * K, seg.w_scales + n0, a_codes, a_scale, seg.y + n0);
 }
 
 template <int K>
@@ -244,9 +267,10 @@ template <int K, int NSEG, bool EXACT = false>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_constant__ WxaySegList<NSEG> segs,
                                                                 const uint8_t* a_codes,
                                                                 const float* a_scale) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
-    wxay_rowscale_split_dev<K, EXACT>(segs.seg, NSEG, a_codes, a_scale);
+    // PDL: the table is a launch parameter; pdl_wait() inside the warp chains, after each warp's
+    // first weight loads
+    wxay_rowscale_split_dev<K, EXACT, true>(segs.seg, NSEG, a_codes, a_scale);
 }
 
 // ------------------------------------------------------------------ split over CTAs (small N)
