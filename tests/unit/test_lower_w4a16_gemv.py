@@ -117,6 +117,8 @@ def test_fast_forms(tiny_fast):
         k = ctx.input(nodes[0]).dim_value
         ns = [ctx.output(n).dim_value for n in nodes]
         ks, t = w4a16_gemv.mma_shape(sum(-(-n // 16) for n in ns), k)
+        if len(nodes) == 1:
+            ks, t = w4a16_gemv.one_wave(-(-ns[0] // 16), ks, t, 132)
         pf = prefetch_row_bytes(ctx, sum(ns), k // 2, 1 / 8)
         (launch,) = launches
         assert launch.instance.header == "w4a16_mma.cuh" and launch.block == (32 * ks * t, 1, 1)
@@ -196,6 +198,18 @@ def test_mma_shape(tiles, k):
     ks, t = w4a16_gemv.mma_shape(tiles, k)
     assert ks in (1, 2, 4, 8, 16) and ks <= max(1, -(-k // 128)) and t >= 1 and ks * t <= 16
     assert tiles * ks <= max(w4a16_gemv.MMA_WARPS, tiles)
+
+
+def test_one_wave():
+    """KS is halved only where that turns a launch of two guaranteed waves into one: the seed's KDA
+    output projection (256 tiles of depth 8192: KS 16 gives one 512-thread CTA an SM, two waves on
+    132 SMs; KS 8 two CTAs an SM, one wave), not where it would not fit anyway or already does."""
+    assert w4a16_gemv.mma_shape(256, 8192) == (16, 1)
+    assert w4a16_gemv.one_wave(256, 16, 1, 132) == (8, 1)
+    assert w4a16_gemv.one_wave(128, 16, 1, 132) == (16, 1)      # one wave already
+    assert w4a16_gemv.one_wave(1556, 4, 2, 132) == (4, 2)       # still several waves at KS 2
+    assert w4a16_gemv.one_wave(600, 16, 1, 132) == (16, 1)      # KS 8 would still be three waves
+    assert all(w4a16_gemv.min_ctas(w) * w <= 16 or w >= 16 for w in (1, 2, 4, 8, 16))
 
 
 def test_fast_falls_back_where_the_shape_does_not_fit(tiny_fast, monkeypatch):

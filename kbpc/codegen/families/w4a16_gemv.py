@@ -19,7 +19,13 @@ launch's rows).
 
 Numerics `fast` (Options.numerics): the forms run on FP16 tensor cores (kernels/w4a16_mma.cuh,
 bounds in kbpc.reference.gemv_bounds) where K % 32 == 0 and K <= MMA_MAX_K, with KS warps
-splitting K and T tiles per CTA from `mma_shape`; other shapes keep the exact kernels. The shared
+splitting K and T tiles per CTA from `mma_shape`; other shapes keep the exact kernels. A one-linear
+launch then halves KS where that fits it in one guaranteed wave (`one_wave`; H200, 128-expert seed
+shrink, replay timelines: the KDA output projection, 256 tiles of depth 8192, at KS 8 ends 6.5 us
+after the gated norm instead of 10.6 us at KS 16, the KDA layer's attention half 45.3 us against
+47.1, the hc boundary after it +0.9 us). KS sets which warp sums which chunks, so it changes the
+fast form's accumulation order, within the per-KS bound of gemv_bounds (the GPU tests cover that
+shape at KS 8). The shared
 pair's fast form, w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (`pair_shapes`), needs both its
 depths, K and I (the down projection's), within those limits: phase 0's tiles hold 8 gate rows and
 their 8 up rows, so each CTA finishes g_i and u_i together and writes act_i = silu(clamp g_i) *
@@ -45,6 +51,7 @@ from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, prefetch_row_bytes, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
+from kbpc.targets import get_target
 from kbpc.ir.records import Node
 
 MAX_SEGS = 6             # W4A16_MAX_SEGS
@@ -77,6 +84,21 @@ def mma_shape(tiles: int, k: int, warps: int = MMA_WARPS) -> tuple[int, int]:
     for about 8 warps per CTA (the activation is staged once per CTA)."""
     ks = max(1, min(16, _pow2_floor(max(1, -(-k // 128))), _pow2_floor(max(1, warps // max(1, tiles)))))
     return ks, max(1, 8 // ks)
+
+
+def min_ctas(warps: int) -> int:
+    """W4A16F_MIN_CTAS(warps): the CTAs per SM the kernel's register bound guarantees."""
+    return 1 if warps >= 16 else 16 // warps
+
+
+def one_wave(tiles: int, ks: int, t: int, sms: int) -> tuple[int, int]:
+    """(KS, T) with KS halved while that makes a launch of more than one guaranteed wave fit in one:
+    a CTA that is not resident when the kernel before it finishes neither streams its weights early
+    nor prefetches them, so a second wave starts its loads only after the first one's."""
+    grid = -(-tiles // t)
+    while ks > 1 and grid > sms * min_ctas(ks * t) and grid <= sms * min_ctas(ks // 2 * t):
+        ks //= 2
+    return ks, t
 
 
 def _fast(ctx: LowerCtx, k: int) -> bool:
@@ -122,7 +144,7 @@ def _gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     require(k % 16 == 0, f"K = {k} is not a multiple of 16", node)
     one_row(ctx, x, node)
     if _fast(ctx, k):
-        ks, t = mma_shape(ctas(n), k)
+        ks, t = one_wave(ctas(n), *mma_shape(ctas(n), k), get_target(ctx.plan.options.target).sms)
         pf = prefetch_row_bytes(ctx, n, k // 2, 1 / 8)
         inst = KernelInstance("w4a16_gemv", MMA_HEADER, f"kbp::w4a16_mma<{k}, {ks}, {t}, {pf}>",
                               (*W4, f"const {BF16}*", f"{BF16}*", "int"))
