@@ -31,7 +31,10 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     tables = [segments(p) for p in argv]
-    names = sorted(tables[0], key=lambda n: -tables[0][n][0] * tables[0][n][2])
+    # every kernel of either timeline (one a fusion replaced is absent from the other), by what it
+    # adds to the first (or, absent there, the second)
+    weight = {n: t[n][0] * t[n][2] for t in reversed(tables) for n in t}
+    names = sorted(weight, key=lambda n: -weight[n])
     for n in names:
         cols = "".join(f"  {t[n][0]:4d} x dur {t[n][1]:7.2f} after {t[n][2]:7.2f}" if n in t else "  (absent)" + " " * 33
                        for t in tables)

@@ -31,3 +31,15 @@ def test_side_by_side_and_usage(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith("kbp::a") and line.count("after") == 2
     assert main([]) == 2
+
+
+def test_kernels_of_either_timeline_are_listed(tmp_path, capsys):
+    """A kernel only the second timeline has (a fused form) is listed too, absent in the first."""
+    first = _timeline(tmp_path, [("kbp::a", 0.0, 2.0)])
+    second = tmp_path / "u.json"
+    second.write_text(json.dumps({"kernels": [{"kernel": "kbp::b", "start_us": 0.0, "dur_us": 1.0}]}))
+    assert main([first, str(second)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    by_name = {line.split()[0]: line for line in lines}
+    assert set(by_name) == {"kbp::a", "kbp::b"}
+    assert "(absent)" in by_name["kbp::b"] and by_name["kbp::b"].index("(absent)") < by_name["kbp::b"].index("after")

@@ -1,0 +1,41 @@
+"""bench/timeline_layers.py on a synthetic timeline whose sublayer spans are worked out by hand."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from timeline_layers import kind_of, main, sublayers, table  # noqa: E402
+
+
+def _k(family, start, dur):
+    return {"family": family, "start_us": start, "dur_us": dur, "kernel": f"kbp::{family}"}
+
+
+STEP = [_k("embed_copy", 0.0, 1.0), _k("glm_mhc", 1.0, 2.0),                       # boundary ends at 3
+        _k("w4a16_gemv", 2.5, 10.0), _k("kda_recurrent", 12.0, 3.0),               # KDA attention
+        _k("glm_mhc", 15.0, 2.0),                                                    # ends at 17: 14
+        _k("glm_router_topk", 16.0, 5.0), _k("w4a16_gemv", 17.5, 4.0),             # MoE (shared beside)
+        _k("w4a4_mx_static", 21.0, 9.0), _k("glm_mhc", 30.0, 3.0),                 # ends at 33: 16
+        _k("glm_mla_decode", 34.0, 10.0), _k("glm_mhc", 44.0, 2.0),                # DSA: ends at 46: 13
+        _k("glm_mhc", 46.0, 1.0),                                                    # nothing between: other, 1
+        _k("dense_bf16", 47.0, 20.0)]                                                # the LM head: no span
+
+
+def test_spans_between_boundaries_named_by_their_families():
+    assert sublayers(STEP) == [("kda attention", 14.0), ("moe", 16.0), ("dsa attention", 13.0), ("other", 1.0)]
+    assert kind_of({"w4a4_mx", "w8a8_act_quant"}) == "dense mlp" and kind_of({"kda_fused"}) == "kda attention"
+
+
+def test_table_and_side_by_side(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"kernels": STEP + [_k("kda_recurrent", 67.0, 1.0), _k("glm_mhc", 68.0, 2.0)]}))
+    got = table(str(path))
+    assert got["kda attention"] == (2, 18.5, 14.0, 23.0)   # 14, then 47 -> 70 = 23
+    assert main([str(path), str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["kda", "dsa", "moe", "other"]
+    assert all(line.count("median") == 2 for line in lines)
+    assert main([]) == 2
