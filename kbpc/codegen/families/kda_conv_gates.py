@@ -13,7 +13,8 @@ from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import kda_pack
 from kbpc.codegen.families._projection import materialized
 from kbpc.codegen.families.causal_conv1d_l2norm import qk_channels
-from kbpc.codegen.families.kda_gates_w8a8 import MAX_ROWS, PARAMS as GATE_PARAMS, _args, _parts, fp8_gates_fit, gate_blocks
+from kbpc.codegen.families.kda_gates_w8a8 import (MAX_ROWS, PARAMS as GATE_PARAMS, fp8_gates_fit, gate_args,
+                                                   gate_blocks, gate_parts)
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.plan import LoweredGroup
@@ -56,7 +57,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
             or c != c_qk + v.dim_value):
         raise LoweringError(f"conv widths: C={c}, q {q.dim_value}, k {k.dim_value}, v {v.dim_value}, d_k={d_k}, "
                             f"out={y.dim_value}", f"group {group.id}")
-    g = _parts(ctx, group)
+    g = gate_parts(ctx, group)
     if ctx.rows(packed) != 1 or g.m != 1:
         raise LoweringError("one decode token of one sequence: the conv keeps one window", f"group {group.id}")
     if g.n % 16 or g.k % 128 or g.m > MAX_ROWS:
@@ -74,6 +75,6 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
                  ctx.weight(conv, "conv_weight", BF), ctx.weight(conv, "conv_bias", BF), flt(ctx.c.l2_norm_eps),
                  ctx.buf(y), lit(c))
     blocks = 2 * gate_blocks(g.n, warps) + -(-c // threads)
-    launches.append(Launch(inst, grid=(blocks, 1, 1), block=(threads, 1, 1), smem=0, args=_args(ctx, g) + conv_args,
+    launches.append(Launch(inst, grid=(blocks, 1, 1), block=(threads, 1, 1), smem=0, args=gate_args(ctx, g) + conv_args,
                            group=group.id, nodes=tuple(group.nodes)))
     return launches

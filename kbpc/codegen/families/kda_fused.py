@@ -17,7 +17,7 @@ from kbpc.codegen.args import NULL, Arg, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families.causal_conv1d_l2norm import qk_channels
-from kbpc.codegen.families.kda_gates_w8a8 import _projection, fp8_gates_fit
+from kbpc.codegen.families.kda_gates_w8a8 import fp8_gates_fit, gate_projection
 from kbpc.codegen.families.kda_recurrent import query_scale
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.graph import Blueprint
@@ -157,8 +157,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     pack, conv, recur, norm, gates = (n[o] for o in ("concat", "conv1d_update", "gdn_recurrence",
                                                       "gated_rms_norm", "gdn_gates"))
     q, k, v = ctx.inputs(pack)
-    f_b, xf = _projection(ctx, n["f_b"])
-    g_b, xg = _projection(ctx, n["g_b"])
+    f_b, xf = gate_projection(ctx, n["f_b"])
+    g_b, xg = gate_projection(ctx, n["g_b"])
     b, y = ctx.input(gates, "b"), ctx.output(norm)
     hk, dk, hv = ctx.sym["lin_k_heads"], ctx.sym["lin_k_dim"], b.dim_value
     dv, width = v.dim_value // max(hv, 1), ctx.c.conv_width

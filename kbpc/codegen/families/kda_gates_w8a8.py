@@ -22,7 +22,7 @@ def gate_blocks(n: int, warps: int = WARPS) -> int:
     return -(-(n // 16) // warps)
 
 
-def _projection(ctx: LowerCtx, linear: Node) -> tuple[Node, Tensor]:
+def gate_projection(ctx: LowerCtx, linear: Node) -> tuple[Node, Tensor]:
     """(the W8A8 linear, its BF16 token row before the act_quant it reads)."""
     quant = ctx.bp.node(ctx.input(linear).src)
     if quant.op_base != "act_quant" or quant.precision.output[0] != "fp8/token":
@@ -55,7 +55,7 @@ def _optional_buf(ctx: LowerCtx, t: Tensor, ctype: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Gates:
+class GateParts:
     """The group's parts: the two gate projections, their BF16 token rows and the edges written."""
     gates: Node
     f_b: Node
@@ -73,15 +73,15 @@ class _Gates:
     m: int
 
 
-def _parts(ctx: LowerCtx, group: LoweredGroup) -> _Gates:
+def gate_parts(ctx: LowerCtx, group: LoweredGroup) -> GateParts:
     gates = ctx.node(group, "gdn_gates")
     f_edge, b = ctx.input(gates, "f"), ctx.input(gates, "b")
     decay, beta = ctx.output(gates, "decay"), ctx.output(gates, "beta")
-    f_b, xf = _projection(ctx, ctx.bp.node(f_edge.src))
+    f_b, xf = gate_projection(ctx, ctx.bp.node(f_edge.src))
     others = [n for n in ctx.nodes(group) if n.op_base == "linear" and n.id != f_b.id]
     if len(others) != 1:
         raise LoweringError(f"expected one output-gate projection, found {len(others)}", f"group {group.id}")
-    g_b, xg = _projection(ctx, others[0])
+    g_b, xg = gate_projection(ctx, others[0])
     og = ctx.output(g_b)
     n, k, h = f_edge.dim_value, xf.dim_value, b.dim_value
     m = ctx.rows(xf)
@@ -93,10 +93,10 @@ def _parts(ctx: LowerCtx, group: LoweredGroup) -> _Gates:
                             f"group {group.id}")
     if not ctx.c.kda_gate_lower_bound < 0:
         raise LoweringError(f"the gate lower bound must be negative, got {ctx.c.kda_gate_lower_bound}")
-    return _Gates(gates, f_b, g_b, xf, xg, f_edge, b, decay, beta, og, n, k, h, m)
+    return GateParts(gates, f_b, g_b, xf, xg, f_edge, b, decay, beta, og, n, k, h, m)
 
 
-def _args(ctx: LowerCtx, p: _Gates) -> tuple:
+def gate_args(ctx: LowerCtx, p: GateParts) -> tuple:
     """The launch arguments both variants share (kernels/kda_gates_w8a8.cuh's contract)."""
     return (ctx.buf(p.xf), ctx.buf(p.xg), lit(p.k), lit(p.m),
             ctx.weight(p.f_b), ctx.weight(p.f_b, "weight_scale", "float"),
@@ -113,24 +113,24 @@ PARAMS = (f"const {BF}*", f"const {BF}*", "int", "int", "const uint8_t*", "const
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
-    p = _parts(ctx, group)
+    p = gate_parts(ctx, group)
     if p.n % 16 or p.k % 128 or not 1 <= p.m <= MAX_ROWS:
         raise LoweringError(f"kda_gates_w8a8 needs N % 16 == 0, K % 128 == 0, 1..8 rows; "
                             f"N={p.n}, K={p.k}, rows={p.m}", f"group {group.id}")
     d_k = p.n // p.h   # the reference's decay_gate: f channels split into len(A_log) heads
     inst = KernelInstance("kda_gates_w8a8", "kda_gates_w8a8.cuh",
                           f"kbp::kda_gates_w8a8_k128_rows<{p.n}, {p.k}, {d_k}, {WARPS}>", PARAMS)
-    return [Launch(inst, grid=(2 * gate_blocks(p.n), 1, 1), block=(32 * WARPS, 1, 1), smem=0, args=_args(ctx, p),
+    return [Launch(inst, grid=(2 * gate_blocks(p.n), 1, 1), block=(32 * WARPS, 1, 1), smem=0, args=gate_args(ctx, p),
                    group=group.id, nodes=tuple(group.nodes))]
 
 
 def lower_unquantized(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     """Without activation quantization (Options.act_quant off): the gate projections multiply the
     BF16 rows by the dequantized FP8 weights in FP32 (kda_gates_dq_rows), the same epilogues."""
-    p = _parts(ctx, group)
+    p = gate_parts(ctx, group)
     warps = 8
     inst = KernelInstance("kda_gates_w8a8", "kda_gates_w8a8.cuh", f"kbp::kda_gates_dq_rows<{warps}>",
                           (*PARAMS, "int", "int", "int"))
     return [Launch(inst, grid=(-(-p.n // warps), 2, p.m), block=(32 * warps, 1, 1), smem=0,
-                   args=(*_args(ctx, p), lit(p.n), lit(p.k), lit(p.n // p.h)),
+                   args=(*gate_args(ctx, p), lit(p.n), lit(p.k), lit(p.n // p.h)),
                    group=group.id, nodes=tuple(group.nodes))]
