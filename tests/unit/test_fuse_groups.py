@@ -4,6 +4,7 @@ groups, and every fusion rule served by its family lowering."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,35 @@ def test_dsa_projections_merge_horizontally(tiny_bp):
         assert _ops(tiny_bp, g) == sorted(["linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"])
         inputs = {t.id for n in g.nodes for t in tiny_bp.inputs(tiny_bp.node_by_id[n].order)}
         assert len(inputs) == 1 and g.family == "wxay"
+
+
+def test_kda_siblings_merge_and_the_recurrence_takes_its_norm(tiny_bp, monkeypatch):
+    """Before: per KDA layer the pack, the conv and the gate chain are three groups (the pack and the
+    gates read different outputs of one projection group, no edge between them) and the recurrence
+    and its gated norm two more. After (default rules): kda_conv_gates grows from the conv through
+    the pack to its sibling gate group; kda_recurrence_norm joins the recurrence and the norm; with
+    siblings off the conv and the gates never meet."""
+    before = _before(tiny_bp, add_fusions=())
+    after = fuse_groups(before)
+    layers = sum(n.op == "gdn_recurrence" for n in tiny_bp.nodes())
+    by_id = {g.id: g for g in before.groups}
+    cg = [g for g in after.groups if g.rule == "fused:kda_conv_gates"]
+    rn = [g for g in after.groups if g.rule == "fused:kda_recurrence_norm"]
+    assert layers and len(cg) == len(rn) == layers
+    for g in cg:
+        parts = sorted((_ops(tiny_bp, by_id[m]) for m in g.fused_from), key=len)
+        assert parts == [["concat"], sorted(["conv1d_update", "state_snapshot", "l2_norm"]),
+                         sorted(["act_quant", "linear:kda_f_b", "gdn_gates", "act_quant", "linear:kda_g_b"])]
+        assert g.family == "kda_conv_gates" and g.variant == "fp8_mma"
+    for g in rn:
+        assert _ops(tiny_bp, g) == ["gated_rms_norm", "gdn_recurrence"] and g.family == "kda_recurrent"
+    check_invariants(after, "test")
+    rules = tuple(dataclasses.replace(r, siblings=False) if r.name == "kda_conv_gates" else r for r in FUSION_RULES)
+    monkeypatch.setattr(sys.modules[fuse_groups.__module__], "FUSION_RULES", rules)
+    apart = fuse_groups(before)
+    refused = [f for f in apart.fusions if f.rule == "kda_conv_gates"]
+    assert len(refused) == layers and not any(f.applied for f in refused)
+    assert all("no neighbouring group" in f.reason for f in refused)
 
 
 def test_hc_expand_and_head_merge(tiny_bp):
