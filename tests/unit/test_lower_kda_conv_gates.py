@@ -12,7 +12,7 @@ import pytest
 from kbpc.codegen.args import NULL, ArenaPtr, StatePtr, WeightPtr
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.emit import build_step
-from kbpc.codegen.families import kda_conv_gates, kda_recurrent
+from kbpc.codegen.families import causal_conv1d_l2norm, kda_conv_gates, kda_recurrent
 from kbpc.codegen.families.kda_gates_w8a8 import gate_blocks
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
@@ -40,7 +40,7 @@ def test_every_kda_layer_is_two_launches_on_one_stream(which, tiny_path, seed_pa
         (cg,) = first.launches
         (rn,) = second.launches
         c = 2 * sym["lin_k_heads"] * sym["lin_k_dim"] + sym["lin_v_heads"] * sym["lin_v_dim"]
-        threads = kda_conv_gates.block_threads(sym["lin_k_dim"])
+        threads = causal_conv1d_l2norm.block_threads(sym["lin_k_dim"], kda_conv_gates.TARGET_THREADS)
         n = sym["lin_v_heads"] * sym["lin_k_dim"]
         assert cg.block == (threads, 1, 1) and cg.grid == (2 * gate_blocks(n, threads // 32) + -(-c // threads), 1, 1)
         assert rn.grid == (sym["lin_v_heads"], 1, 1) and rn.block == (sym["lin_v_dim"], 1, 1)

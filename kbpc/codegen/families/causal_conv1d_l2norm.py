@@ -13,11 +13,11 @@ BF = "__nv_bfloat16"
 TARGET_THREADS = 256   # two 128-channel heads per block, as the family describes
 
 
-def block_threads(d_k: int) -> int:
-    """Whole heads per block (THREADS % DK == 0), about TARGET_THREADS, at most 1024."""
+def block_threads(d_k: int, target: int = TARGET_THREADS) -> int:
+    """Whole heads per block (THREADS % DK == 0), about `target` threads, at most 1024."""
     if d_k % 32 or d_k > 1024:
         raise LoweringError(f"the conv's head width {d_k} must be a multiple of 32, at most 1024")
-    return d_k * max(1, TARGET_THREADS // d_k)
+    return d_k * max(1, target // d_k)
 
 
 def qk_channels(ctx: LowerCtx, conv) -> int:

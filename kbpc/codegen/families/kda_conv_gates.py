@@ -12,9 +12,8 @@ from kbpc.codegen.args import lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import kda_pack
 from kbpc.codegen.families._projection import materialized
-from kbpc.codegen.families.causal_conv1d_l2norm import qk_channels
-from kbpc.codegen.families.kda_gates_w8a8 import (MAX_ROWS, PARAMS as GATE_PARAMS, fp8_gates_fit, gate_args,
-                                                   gate_blocks, gate_parts)
+from kbpc.codegen.families.causal_conv1d_l2norm import block_threads, qk_channels
+from kbpc.codegen.families.kda_gates_w8a8 import PARAMS as GATE_PARAMS, fp8_gates_fit, gate_args, gate_blocks, gate_parts
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.graph import Blueprint
 from kbpc.ir.plan import LoweredGroup
@@ -26,11 +25,6 @@ CONV_PARAMS = (f"const {BF}*", f"const {BF}*", f"const {BF}*", "float*", "long",
                "float", f"{BF}*", "int")
 
 
-def block_threads(d_k: int) -> int:
-    """Threads per block: whole conv heads (a multiple of d_k), about TARGET_THREADS, whole warps."""
-    return d_k * max(1, TARGET_THREADS // d_k)
-
-
 def fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """Why the side-by-side kernel cannot serve these nodes (None: it can): the gate chain's FP8
     formats and widths, the conv's head width, and a q|k|v pack of three rows with q and k alike."""
@@ -38,7 +32,7 @@ def fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     if refusal:
         return refusal
     d_k = bp.symbols["lin_k_dim"]
-    if d_k % 32 or block_threads(d_k) > 1024:
+    if d_k % 32 or d_k > 1024:
         return f"the conv's head width {d_k} is not a multiple of 32 within a 1024-thread block"
     pack = next(n for n in nodes if n.op == "concat")
     parts = bp.inputs(pack.order)
@@ -60,9 +54,9 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     g = gate_parts(ctx, group)
     if ctx.rows(packed) != 1 or g.m != 1:
         raise LoweringError("one decode token of one sequence: the conv keeps one window", f"group {group.id}")
-    if g.n % 16 or g.k % 128 or g.m > MAX_ROWS:
+    if g.n % 16 or g.k % 128:
         raise LoweringError(f"the gates need N % 16 == 0 and K % 128 == 0; N={g.n}, K={g.k}", f"group {group.id}")
-    threads = block_threads(d_k)
+    threads = block_threads(d_k, TARGET_THREADS)
     warps = threads // 32
     launches = []
     if materialized(ctx, packed):   # a later group reads the packed row: the pack's own copy writes it

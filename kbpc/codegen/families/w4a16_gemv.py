@@ -51,8 +51,8 @@ from kbpc.codegen.context import LowerCtx, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, linears, nvfp4_weight, one_row, prefetch_row_bytes, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
-from kbpc.targets import get_target
 from kbpc.ir.records import Node
+from kbpc.targets import get_target
 
 MAX_SEGS = 6             # W4A16_MAX_SEGS
 SILU_MAX_K = 10240       # the silu-input form stages K FP32 values in 40 KB of static shared memory
