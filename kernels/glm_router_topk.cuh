@@ -146,35 +146,37 @@ router_topk(const float* logits, const float* bias, float routed_scale,
     router_topk_body<E, K>(logits, bias, routed_scale, weights, ids);
 }
 
-// The router GEMV of token blockIdx.y, outputs OPC * blockIdx.x .. + OPC - 1 (pdl_wait inside).
+// The router GEMV of token t, outputs OPC * cta .. + OPC - 1 (pdl_wait inside). A merged grid
+// (kernels/moe_experts.cuh) passes its own router CTA index.
 template <int H, int E, int OPC>
-__device__ __forceinline__ void router_gemv_part(const __nv_bfloat16* w, const __nv_bfloat16* x, float* logits) {
+__device__ __forceinline__ void router_gemv_part(const __nv_bfloat16* w, const __nv_bfloat16* x, float* logits,
+                                                 int cta = blockIdx.x, int t = blockIdx.y) {
     constexpr int THREADS = 64 * OPC;
     // The weight bytes dense_row_partial loads only after pdl_wait (beyond its first batch of
     // vectors) go to L2 first; x and everything else come after the dependency.
     constexpr size_t ROW_BYTES = (size_t)H * 2, FIRST_BYTES = (size_t)64 * DENSE_BF16_BATCH * 16;
-    if (ROW_BYTES > FIRST_BYTES && blockIdx.y == 0) {
+    if (ROW_BYTES > FIRST_BYTES && t == 0) {
         for (int s = 0; s < OPC; ++s) {
-            const int n = blockIdx.x * OPC + s;
+            const int n = cta * OPC + s;
             if (n < E)
                 prefetch_l2(reinterpret_cast<const char*>(w + (size_t)n * H) + FIRST_BYTES,
                             ROW_BYTES - FIRST_BYTES, threadIdx.x, THREADS);
         }
     }
-    const size_t t = blockIdx.y;
-    dense_gemv_bf16_block<H, float, OPC>(w, x + t * H, logits + t * E, E, blockIdx.x);  // pdl_wait inside
+    dense_gemv_bf16_block<H, float, OPC>(w, x + (size_t)t * H, logits + (size_t)t * E, E, cta);  // pdl_wait inside
 }
 
-// After a CTA's router outputs: arrive, and in the last CTA the top-k of every token (gridDim.y of
-// them) over the logits read back from L2.
+// After a CTA's router outputs: arrive, and in the last of the `ctas` router CTAs the top-k of
+// every token (`tokens` of them) over the logits read back from L2.
 template <int E, int K, int OPC>
 __device__ __forceinline__ void router_topk_tail(const float* bias, float routed_scale, const float* logits,
-                                                 unsigned* arrive, float* weights, int* ids) {
+                                                 unsigned* arrive, float* weights, int* ids,
+                                                 unsigned ctas = gridDim.x * gridDim.y, unsigned tokens = gridDim.y) {
     constexpr int THREADS = 64 * OPC;
     pdl_launch_dependents();  // the next kernel may start; it waits for this grid in its pdl_wait
-    if (!last_to_arrive(arrive, gridDim.x * gridDim.y)) return;
+    if (!last_to_arrive(arrive, ctas)) return;
     __shared__ float z[E];
-    for (unsigned r = 0; r < gridDim.y; ++r) {
+    for (unsigned r = 0; r < tokens; ++r) {
         for (int e = threadIdx.x; e < E; e += THREADS) z[e] = __ldcg(logits + (size_t)r * E + e);
         __syncthreads();
         router_topk_row<E, K, THREADS>(z, bias, routed_scale, weights + (size_t)r * K, ids + (size_t)r * K);
@@ -197,15 +199,16 @@ router_gemv_topk(const __nv_bfloat16* w, const __nv_bfloat16* x,
 // codes, scales and a_g[t] = gamma are w4a4_quant_rows_static's bytes. Call after pdl_wait.
 template <int H, int THREADS>
 __device__ __forceinline__ void router_quant_share(const __nv_bfloat16* x, float gamma, uint8_t* a_codes,
-                                                   uint8_t* a_scales, float* a_g) {
+                                                   uint8_t* a_scales, float* a_g, int cta = blockIdx.x,
+                                                   int ctas = gridDim.x, int tok = blockIdx.y) {
     static_assert(H % 16 == 0, "NVFP4 groups are 16 values");
     // Every thread waits itself: dense_gemv_bf16_block waits only in the threads that own a row.
     pdl_wait();
-    const size_t t = blockIdx.y;
+    const size_t t = tok;
     const float inv_g = __fdiv_rn(1.0f, gamma);
-    for (int j = blockIdx.x * THREADS + threadIdx.x; j < H / 16; j += gridDim.x * THREADS)
+    for (int j = cta * THREADS + threadIdx.x; j < H / 16; j += ctas * THREADS)
         nvfp4_quant_row_group(x + t * H, j, gamma, inv_g, a_codes + t * (H / 2), a_scales + t * (H / 16));
-    if (blockIdx.x == 0 && threadIdx.x == 0) a_g[t] = gamma;
+    if (cta == 0 && threadIdx.x == 0) a_g[t] = gamma;
 }
 
 template <int H, int E, int K, int OPC>

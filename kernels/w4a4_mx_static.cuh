@@ -49,16 +49,18 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat1
     w4a4_quant_rows_static_dev<K>(x, gamma, a_codes, a_scales, a_g);
 }
 
+// Tile `tile` (rows 16 tile..) of slot `slot` in a 256-thread CTA (a merged grid's tile too,
+// kernels/moe_experts.cuh).
 template <int K, bool FAST = false>
-__device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
-    const int* ids, int act_div, const uint8_t* a_codes,
+__device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
+    int tile, int slot, const int* ids, int act_div, const uint8_t* a_codes,
     const uint8_t* a_scales, const float* a_g,
     const uint8_t* w_codes, const uint8_t* w_scales,
     const float* w_gscale, __nv_bfloat16* y, int N) {
     static_assert(K % 128 == 0, "w4a4 walks K in 128-wide chunks");
     __shared__ W4A4Smem<K> sm;
-    const int slot = blockIdx.y, e = ld_step(ids + slot);
-    const size_t n0 = (size_t)blockIdx.x * 16;
+    const int e = ld_step(ids + slot);
+    const size_t n0 = (size_t)tile * 16;
     __nv_bfloat16* yo = y + (size_t)slot * N + n0;
     if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
         if (threadIdx.x < 16) yo[threadIdx.x] = f32_to_bf16(0.0f);
@@ -73,6 +75,16 @@ __device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
     __syncthreads();
     const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);
     w4a4_finish(acc, sm.part, __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e)), yo, warp, lane);
+}
+
+template <int K, bool FAST = false>
+__device__ __forceinline__ void w4a4_gemv_moe_slots_dev(
+    const int* ids, int act_div, const uint8_t* a_codes,
+    const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
+    w4a4_gemv_moe_slot_tile<K, FAST>(blockIdx.x, blockIdx.y, ids, act_div, a_codes, a_scales, a_g, w_codes,
+                                     w_scales, w_gscale, y, N);
 }
 
 template <int K, bool FAST = false, int MIN_CTAS = w4a4_min_ctas<K>()>   // (w4a4_mx.cuh)

@@ -9,10 +9,12 @@ indexer's selection and the split MLA decode keep the scratch their last-arrivin
 that the kernels return to zero, so a replayed step finds them zeroed), and so does every top-k
 for the fused router (its logits and arrival counter, used when the fusion rule router_gemv_topk
 merges the router GEMV into it: 4 bytes per expert and row, kept in any plan so
-the state does not depend on which fusions ran). A routed expert's NVFP4 input quantizer keeps the
+the state does not depend on which fusions ran; its expert ids too, for a merge that keeps them
+inside one group). A routed expert's NVFP4 input quantizer keeps the
 quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
 one step), and a routed gate/up GEMV its [gate | up] rows and per-slot arrival counters for the
-SwiGLU epilogue of rule moe_gate_up_swiglu. Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
+SwiGLU epilogue of rule moe_gate_up_swiglu, and a shared expert's down projection its FP32 input row
+for rule moe_experts. Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
 cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool. A build without
 activation quantization (Options.act_quant off) keeps the MLA latent rows in FP32 and has no
 quantized expert rows."""
@@ -84,9 +86,17 @@ def router_state(top_k: Node, rows: int, experts: int) -> tuple[StateBuffer, Sta
             StateBuffer(f"{top_k.id}.arrive", 4, (1,), "i32"))
 
 
+def router_ids_state(top_k: Node, rows: int, slots: int) -> StateBuffer:
+    """The top-k's expert ids when no group outside the one that writes them reads them (rule
+    moe_experts: the router and both expert GEMVs in one group)."""
+    return StateBuffer(f"{top_k.id}.ids", rows * slots * 4, (rows, slots), "i32")
+
+
 def _router(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
     (z,) = [t for t in bp.inputs(node.order) if t.format != "i32"]
-    return router_state(node, z.rows_per_token * batch, z.dim_value)
+    slots = max((t.dim_value for t in bp.outputs(node.order) if t.format == "i32"), default=0)
+    ids = (router_ids_state(node, z.rows_per_token * batch, slots),) if slots else ()
+    return (*router_state(node, z.rows_per_token * batch, z.dim_value), *ids)
 
 
 def mla_fast_state(attend: Node, rows: int, heads: int, latent: int,
@@ -125,6 +135,7 @@ def _mla_read(bp: Blueprint, node: Node, options: Options) -> tuple[StateBuffer,
 
 
 ROUTED_EXPERT_OPS = ("expert_gate_up", "expert_down")   # the routed expert GEMVs' ops (one home)
+SHARED_GATE_UP_OP, SHARED_DOWN_OP = "linear:shared_gate_up", "linear:shared_down"   # a shared expert's GEMVs
 
 
 def routed_quant_rows(node: Node, rows: int, k: int) -> tuple[StateBuffer, StateBuffer, StateBuffer]:
@@ -157,6 +168,20 @@ def _routed_gate_up(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer,
     if len(outs) != 1:
         return ()
     return routed_gate_up_state(node, outs[0].rows_per_token * batch, outs[0].dim_value)
+
+
+def shared_silu_state(down: Node, rows: int, width: int) -> tuple[StateBuffer]:
+    """A shared expert's down-projection input in FP32, silu(clamp g) * clamp u, written by the
+    gate/up launch's shared tiles and staged by the down launch's (rule moe_experts,
+    kernels/moe_experts.cuh)."""
+    return (StateBuffer(f"{down.id}.silu_x", rows * width * 4, (rows, width), "f32"),)
+
+
+def _shared_silu(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
+    ins = bp.inputs(node.order)
+    if len(ins) != 1 or bp.node(ins[0].src).op_base != "silu_mul":
+        return ()
+    return shared_silu_state(node, ins[0].rows_per_token * batch, ins[0].dim_value)
 
 
 def _index_pools(bp: Blueprint, ctx: int, index_cache: str, node: Node) -> tuple[StateBuffer, ...]:
@@ -212,6 +237,8 @@ def state_buffers(bp: Blueprint, options: Options) -> list[StateBuffer]:
             out.extend(_router(bp, node, options.batch))
         if node.op_base == "expert_gate_up" and options.act_quant:
             out.extend(_routed_gate_up(bp, node, options.batch))
+        if node.op == SHARED_DOWN_OP and options.act_quant:
+            out.extend(_shared_silu(bp, node, options.batch))
         for kind in node.state:
             out.extend(_of_kind(bp, node, kind, options))
     return out

@@ -117,6 +117,13 @@ def _router_expert_quant_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     return fused_quant_fits(bp, nodes)
 
 
+def _moe_experts_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The fused router, the paired gate/up tiles and (moe_experts) the shared expert's forms
+    (kbpc/codegen/families/moe_experts.py)."""
+    from kbpc.codegen.families.moe_experts import fits  # noqa: PLC0415  (codegen imports this table)
+    return fits(bp, nodes)
+
+
 def _router_topk_fits(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The fused router's formats and limits (kbpc/codegen/families/glm_router_topk.py)."""
     from kbpc.codegen.families.glm_router_topk import fused_fits  # noqa: PLC0415  (codegen imports this table)
@@ -195,6 +202,36 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("rms_norm_fp8_quant", "rms_norm", ("rms_norm", "act_quant"), "rms_norm",
                "the per-token FP8 quantizer runs on the normed row in registers, in the norm's launch",
                _norm_then_fp8_quant),
+    # Before moe_gate_up_swiglu, moe_swiglu_down and router_expert_quant, whose groups they take.
+    FusionRule("moe_experts", "moe_experts",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down", "linear:shared_gate_up", "swiglu_clamp", "silu_mul", "linear:shared_down"),
+               "expert_gate_up",
+               "a MoE layer's router and experts on one stream (kernels/moe_experts.cuh): the shared gate/up "
+               "tiles in the fused router's launch, the shared down's tiles in the routed gate/up's, then the "
+               "SwiGLU quantizer and the routed down: two launches fewer, and the combine after them follows "
+               "one stream instead of joining the shared expert's",
+               _moe_experts_fits, tensor_parallel=False, default=False,
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context, "
+                                  "interleaved with the default build, logits bit-equal: 5.98-6.05 ms a step "
+                                  "against 5.79-5.97, replay busy time 5496 against 5395 us, 566 launches against "
+                                  "650): the router ends 1 us sooner without the second stream beside it, but the "
+                                  "shared down's compute-bound tiles make the routed gate/up launch 5 us longer, "
+                                  "where the second stream hid them beside the routed GEMVs"),
+    FusionRule("moe_gate_up_pair", "moe_experts",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down"),
+               "expert_gate_up",
+               "the routed gate/up GEMV's CTAs each compute 16 gate rows and their 16 up rows and write the "
+               "clamped SwiGLU of those positions as one NVFP4 group of the down input "
+               "(kernels/moe_experts.cuh moe_gate_up_pair), then the routed down: the SwiGLU quantizer's launch "
+               "and its dependency go, with no cross-CTA arrival", _moe_experts_fits, tensor_parallel=False,
+               default=False,
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context, "
+                                  "interleaved, logits bit-equal, 608 launches against 650: the pair launch ends "
+                                  "29.6 us after the router against 26.0 for the gate/up GEMV and the SwiGLU "
+                                  "quantizer, and the shared expert's down, squeezed beside the 512-thread CTAs, "
+                                  "then ends after the routed down: router to combine 55.1 us against 50.6)"),
     FusionRule("moe_gate_up_swiglu", "w4a4_mx_static",
                ("act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant", "expert_down"),
                "expert_gate_up",

@@ -49,14 +49,14 @@ DEFAULT_TARGET = "sm_90"
 
 # Families whose planned kernels use an instruction some targets lack, and the variant kbpc runs
 # there instead (same group boundary, same quantization semantics; only the product differs).
-FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static", "glm_moe_layer"})  # the fused MoE layer too
+FP4_MMA_FAMILIES = frozenset({"w4a4_mx", "w4a4_mx_static", "glm_moe_layer", "moe_experts"})  # the fused MoE layer too
 
 
 # Families that quantize activations, read quantized ones or keep the FP8 MLA latent cache. A build
 # without activation quantization (Options.act_quant off, a debugging aid) runs their `unquantized`
 # variant (kbpc/codegen/families/unquantized.py), where one exists.
 ACT_QUANT_FAMILIES = frozenset({"w8a8_act_quant", "wxay", "w4a4_mx", "w4a4_mx_static", "kda_gates_w8a8",
-                                "glm_mla_latent_write", "glm_mla_decode", "glm_moe_layer", "kda_fused",
+                                "glm_mla_latent_write", "glm_mla_decode", "glm_moe_layer", "moe_experts", "kda_fused",
                                 "kda_conv_gates"})
 
 

@@ -10,7 +10,7 @@ from kbpc.codegen.families import (causal_conv1d_l2norm, dense_bf16, dequant_gem
                                     glm_mhc, glm_mla_decode, glm_mla_latent_write, glm_moe_combine,
                                     glm_moe_layer, glm_router_topk, glm_swiglu_clamp, kda_conv_gates,
                                     kda_fused, kda_gates_w8a8, kda_o_norm,
-                                    kda_pack, kda_recurrent, layer_norm, rms_norm, w4a4_mx,
+                                    kda_pack, kda_recurrent, layer_norm, moe_experts, rms_norm, w4a4_mx,
                                     w4a4_mx_static, w4a16_gemv, w8a8_act_quant, wxay)
 from kbpc.codegen.records import Launch
 from kbpc.ir.plan import LoweredGroup
@@ -38,6 +38,7 @@ LOWERINGS: dict[tuple[str, str], Lowering] = {
     ("kda_pack", "cuda_core"): kda_pack.lower,
     ("kda_recurrent", "cuda_core"): kda_recurrent.lower,
     ("layer_norm", "cuda_core"): layer_norm.lower,
+    ("moe_experts", "e2m1_dp4a_exact"): moe_experts.lower,   # router + experts (rules moe_experts, moe_gate_up_pair)
     ("rms_norm", "cuda_core"): rms_norm.lower,
     ("w4a16_gemv", "cuda_core"): w4a16_gemv.lower,
     ("w4a4_mx", "e2m1_dp4a_exact"): w4a4_mx.lower,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kbpc.codegen.context import LowerCtx, flt
+from kbpc.codegen.context import LowerCtx, Quant, flt
 from kbpc.codegen.families import w4a4_mx_static
 from kbpc.codegen.families._projection import materialized, require
 from kbpc.codegen.families.dense_bf16 import outputs_per_cta
@@ -137,7 +137,7 @@ def _fused(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK) -> Launch
     opc = fused_outputs_per_cta(t.experts)
     args = (ctx.weight(router, ctype="__nv_bfloat16"), ctx.buf(x),
             ctx.weight(t.node, "e_score_correction_bias", "float"), flt(ctx.c.routed_scale), logits, ctx.state(arrive.name, "unsigned int"), ctx.buf(t.weights, "float"),
-            ctx.buf(t.ids, "int"))
+            w4a4_mx_static.ids_ptr(ctx, t.ids, "int"))
     return Launch(inst, grid=(-(-t.experts // opc), t.rows, 1), block=(64 * opc, 1, 1), smem=0, args=args,
                   group=group.id, nodes=(router.id, t.node.id))
 
@@ -145,6 +145,22 @@ def _fused(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK) -> Launch
 def _fused_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK, expert: Node) -> list[Launch]:
     """router_gemv_topk_quant (the fused router, its CTAs also quantizing the router's input into the
     act_quant's scratch rows as w4a4_quant_rows_static would), then the experts' slot GEMV on them."""
+    route, rows, x = _route_quant(ctx, group, router, t, expert)
+    return [route, w4a4_mx_static.routed_slots(ctx, group, expert, rows, ctx.rows(x))]
+
+
+def router_quant_launch(ctx: LowerCtx, group: LoweredGroup, expert: Node) -> tuple[Launch, Quant, Tensor]:
+    """(router_gemv_topk_quant's launch for a group holding the router, its top_k and the act_quant of
+    the routed gate/up GEMV `expert`, the quantized rows it writes, their BF16 source row): what a
+    merged MoE group (kbpc/codegen/families/moe_experts.py) launches first."""
+    nodes = ctx.nodes(group)
+    routers = [n for n in nodes if n.op == "router"]
+    require(len(routers) == 1, f"a fused router group holds one router node, found {len(routers)}", group)
+    return _route_quant(ctx, group, routers[0], _top_k(ctx, group), expert)
+
+
+def _route_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK,
+                 expert: Node) -> tuple[Launch, Quant, Tensor]:
     quant, x, rows = w4a4_mx_static.fused_input(ctx, group, expert)
     w4a4_mx_static.quant_rows_input(ctx, quant)   # the separate quantizer's layout requirements
     xr = ctx.input(router)
@@ -156,7 +172,7 @@ def _fused_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK, exp
                                 args=(*route.args, w4a4_mx_static.gamma(ctx, quant), rows.codes, rows.scales,
                                       rows.globals),
                                 nodes=(*route.nodes, quant.id))
-    return [route, w4a4_mx_static.routed_slots(ctx, group, expert, rows, ctx.rows(x))]
+    return route, rows, x
 
 
 def fused_fits(bp: Blueprint, nodes: list[Node]) -> str | None:

@@ -113,6 +113,12 @@ def _slot_shape(ctx: LowerCtx, node: Node, ids: Tensor, act_rows: int) -> tuple[
     return slots, slots // act_rows
 
 
+def ids_ptr(ctx: LowerCtx, ids: Tensor, ctype: str = "const int"):
+    """The top-k's expert ids: their buffer, or the top-k's ids state where no group but the one
+    that writes them reads them (rule moe_experts)."""
+    return ctx.buf(ids, ctype) if materialized(ctx, ids) else ctx.state(f"{ctx.bp.node(ids.src).id}.ids", ctype)
+
+
 def expert_ids(ctx: LowerCtx, node: Node) -> Tensor:
     """A routed expert node's int32 expert ids (the top_k node's topk_id)."""
     ids = next((t for t in ctx.inputs(node) if t.format == "i32"), None)
@@ -195,9 +201,8 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
     slots = ids.dim_value * ctx.rows(ids)
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
     weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
-    return Launch(slots_instance(k, fast_form(ctx)), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
-                  args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
-                        ctx.buf(y), lit(n)),
+    args = (ids_ptr(ctx, ids), lit(div), rows.codes, rows.scales, rows.globals, *weights, ctx.buf(y), lit(n))
+    return Launch(slots_instance(k, fast_form(ctx)), grid=(n // 16, slots, 1), block=BLOCK, smem=0, args=args,
                   group=group.id, nodes=nodes)
 
 
