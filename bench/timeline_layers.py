@@ -18,7 +18,7 @@ BOUNDARY = "glm_mhc"
 # no expert GEMV, a MoE one no recurrence).
 KINDS = (("kda attention", ("kda_recurrent", "kda_fused")),
          ("dsa attention", ("glm_mla_decode", "dsa_indexer")),
-         ("moe", ("w4a4_mx_static", "glm_router_topk", "glm_moe_layer")),
+         ("moe", ("w4a4_mx_static", "glm_router_topk", "glm_moe_layer", "moe_experts")),
          ("dense mlp", ("w4a4_mx",)))
 
 
