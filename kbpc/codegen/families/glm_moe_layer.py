@@ -21,6 +21,7 @@ import numpy as np
 
 from kbpc.codegen.args import NULL, lit
 from kbpc.codegen.context import LowerCtx, LoweringError, flt
+from kbpc.codegen.families import w4a4_mx_static
 from kbpc.codegen.families._projection import BF16, materialized, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
@@ -198,9 +199,6 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     plan = plan_moe_layer(shape, get_target(ctx.plan.options.target).sms)
     gu, dn, sh, shd = r["expert_gate_up"], r["expert_down"], r.get("shared_gate_up"), r.get("shared_down")
 
-    def experts(node):
-        return ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float")
-
     def shared(node):
         if node is None:
             return NULL, NULL, flt(0.0)
@@ -220,8 +218,8 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         topk_id=_tap(ctx, top_k, "topk_id", "int"), dn_codes=NULL, dn_scales=NULL, sh_x=NULL,
         egu=_tap(ctx, gu, None, BF16), sgu=_tap(ctx, sh, None, BF16) if sh else NULL,
         edown=_tap(ctx, dn, None, BF16), sdown=_tap(ctx, shd, None, BF16) if shd else NULL)
-    named.update(zip(("gu_codes", "gu_scales", "gu_sg"), experts(gu)))
-    named.update(zip(("dn_codes_w", "dn_scales_w", "dn_sg"), experts(dn)))
+    named.update(zip(("gu_codes", "gu_scales", "gu_sg"), w4a4_mx_static.expert_weights(ctx, gu)))
+    named.update(zip(("dn_codes_w", "dn_scales_w", "dn_sg"), w4a4_mx_static.expert_weights(ctx, dn)))
     args = tuple(named[n] for n in PARAM_NAMES[1:])
     inst, nodes = plan.instance(), tuple(group.nodes)
     return [Launch(inst, grid=(p.grid, 1, 1), block=(THREADS, 1, 1), smem=p.smem, args=(lit(phase), *args),

@@ -163,19 +163,15 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     ids = w4a4_mx_static.expert_ids(ctx, gate_up)
     ids_arg = w4a4_mx_static.ids_ptr(ctx, ids)
     pair_args = (ids_arg, lit(r.div), rows.codes, rows.scales, rows.globals,
-                 *_routed_weights(ctx, gate_up), flt(ctx.c.swiglu_limit), w4a4_mx_static.gamma(ctx, r.quant),
-                 h.codes, h.scales, h.globals)
+                 *w4a4_mx_static.expert_weights(ctx, gate_up), flt(ctx.c.swiglu_limit),
+                 w4a4_mx_static.gamma(ctx, r.quant), h.codes, h.scales, h.globals)
+    require(ctx.input(down).id == r.h.id, f"{down.id} does not read the SwiGLU quantizer's NVFP4 rows", down)
     if shared is None:
-        require(ctx.input(down).id == r.h.id, f"{down.id} does not read the pair's NVFP4 rows", down)
         return [route, Launch(pair_instance(r.k, r.i, fast), grid=(r.i // 16, r.slots, 1), block=PAIR_BLOCK,
                               smem=0, args=pair_args, group=group.id, nodes=(r.gate_up.id, *r.chain),
                               note="16 gate + 16 up rows a CTA, their SwiGLU as one NVFP4 group of the down input"),
                 w4a4_mx_static.routed_slots(ctx, group, down, h, r.slots)]
     return _with_shared(ctx, group, route, r, shared, down, h, ids_arg, rows, fast)
-
-
-def _routed_weights(ctx: LowerCtx, node: Node) -> tuple:
-    return ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float")
 
 
 def _with_shared(ctx: LowerCtx, group: LoweredGroup, route: Launch, r: _Routed, shared: _Shared, down: Node,
@@ -194,24 +190,24 @@ def _with_shared(ctx: LowerCtx, group: LoweredGroup, route: Launch, r: _Routed, 
                    group=group.id, nodes=(*route.nodes, shared.gate_up.id, *shared.chain),
                    note="the fused router's CTAs, then the shared gate/up tiles (the shared down's FP32 row)")
     gu = ctx.output(r.gate_up)
-    gu_rows = ctx.buf(gu) if materialized(ctx, gu) else ctx.state(f"{r.gate_up.id}.rows", BF16)
+
+    def gu_rows(ctype: str):   # the [gate | up] rows: their buffer, or the gate/up node's state rows
+        return ctx.buf(gu, ctype) if materialized(ctx, gu) else ctx.state(f"{r.gate_up.id}.rows", ctype)
+
     n = gu.dim_value
     second = Launch(gate_up_shared_down_instance(r.k, shared.ish, shared.n, fast),
                     grid=(shared.n // 16 + r.slots * (n // 16), 1, 1), block=SLOT_BLOCK, smem=0,
-                    args=(ids, lit(r.div), rows.codes, rows.scales, rows.globals, *_routed_weights(ctx, r.gate_up),
-                          gu_rows, lit(n), ctx.state(f"{shared.down.id}.silu_x", "const float"),
+                    args=(ids, lit(r.div), rows.codes, rows.scales, rows.globals,
+                          *w4a4_mx_static.expert_weights(ctx, r.gate_up),
+                          gu_rows(BF16), lit(n), ctx.state(f"{shared.down.id}.silu_x", "const float"),
                           *nvfp4_weight(ctx, shared.down), ctx.buf(ctx.output(shared.down))),
                     group=group.id, nodes=(r.gate_up.id, shared.down.id),
                     note="the shared down's tiles, then the routed gate/up's")
-    clamp = ctx.bp.node_by_id[r.chain[0]]
     swiglu = Launch(w4a4_mx_static.quant_swiglu_instance(r.i), grid=w4a4_mx_static.quant_swiglu_grid(r.i, r.slots),
                     block=SLOT_BLOCK, smem=0,
-                    args=(ctx.state(f"{r.gate_up.id}.rows", f"const {BF16}") if not materialized(ctx, gu)
-                          else ctx.buf(gu, f"const {BF16}"), flt(ctx.c.swiglu_limit),
-                          w4a4_mx_static.gamma(ctx, r.quant), h.codes, h.scales, h.globals),
+                    args=(gu_rows(f"const {BF16}"), flt(ctx.c.swiglu_limit), w4a4_mx_static.gamma(ctx, r.quant),
+                          h.codes, h.scales, h.globals),
                     group=group.id, nodes=r.chain)
-    require(ctx.input(down).id == r.h.id and clamp.op_base == "swiglu_clamp", f"{down.id} does not read the "
-            "SwiGLU quantizer's rows", down)
     return [first, second, swiglu, w4a4_mx_static.routed_slots(ctx, group, down, h, r.slots)]
 
 

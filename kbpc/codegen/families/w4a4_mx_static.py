@@ -113,6 +113,11 @@ def _slot_shape(ctx: LowerCtx, node: Node, ids: Tensor, act_rows: int) -> tuple[
     return slots, slots // act_rows
 
 
+def expert_weights(ctx: LowerCtx, node: Node) -> tuple:
+    """A routed expert node's stacked weights: codes, E4M3 scales, the per-expert FP32 tensor scales."""
+    return ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float")
+
+
 def ids_ptr(ctx: LowerCtx, ids: Tensor, ctype: str = "const int"):
     """The top-k's expert ids: their buffer, or the top-k's ids state where no group but the one
     that writes them reads them (rule moe_experts)."""
@@ -200,7 +205,7 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
     require(k <= MAX_K, f"the expert GEMV stages at most K = {MAX_K} activations (K {k})", node)
     slots = ids.dim_value * ctx.rows(ids)
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
-    weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
+    weights = expert_weights(ctx, node)
     args = (ids_ptr(ctx, ids), lit(div), rows.codes, rows.scales, rows.globals, *weights, ctx.buf(y), lit(n))
     return Launch(slots_instance(k, fast_form(ctx)), grid=(n // 16, slots, 1), block=BLOCK, smem=0, args=args,
                   group=group.id, nodes=nodes)
@@ -244,7 +249,7 @@ def _gate_up_swiglu(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor,
     require(ctx.c.swiglu_limit > 0, f"swiglu_limit must be positive, got {ctx.c.swiglu_limit}", clamp)
     slots = ids.dim_value * ctx.rows(ids)
     out = scratch(ctx, quant)
-    weights = (ctx.weight(node), ctx.weight(node, "weight_scale"), ctx.weight(node, "weight_scale_2", "float"))
+    weights = expert_weights(ctx, node)
     return Launch(gate_up_swiglu_instance(k, i), grid=(n // 16, slots, 1), block=BLOCK, smem=0,
                   args=(ctx.buf(ids, "const int"), lit(div), rows.codes, rows.scales, rows.globals, *weights,
                         ctx.state(f"{node.id}.rows", BF16), flt(ctx.c.swiglu_limit), gamma(ctx, quant),
