@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -116,6 +117,11 @@ def launcher(inst: KernelInstance, target: str = "sm_90", flags: tuple[str, ...]
     if not lib.exists():
         src = lib.with_suffix(".cu")
         src.parent.mkdir(parents=True, exist_ok=True)
-        src.write_text(source)
+        # Written aside and renamed: test workers that build the same launcher at once must never
+        # hand nvcc a file another worker is still writing (measured: a truncated source failed
+        # to compile in one of 63 DSA tests run by 8 workers).
+        part = src.with_name(f"{src.name}.{os.getpid()}.part")
+        part.write_text(source)
+        os.replace(part, src)
         compile_cuda(src, lib, get_target(target), kind="shared", extra_flags=flags)
     return Launcher(inst, lib)
