@@ -4,7 +4,8 @@ bench/replay_timeline.py, tested on the CPU by tests/unit/test_replay_timeline.p
 A bundle holds the step program it was built from (src/step.cu, rendered by templates/step.cu.j2)
 and one TU per kernel instance (src/kernels/<instance>.cu, whose second line names the C++ kernel
 with its template arguments). Their text is what the library runs, so the table is read from it:
-each `kbp_launch_<instance>(dim3(grid), dim3(block), smem, streams[s], pdl, ...)` under its
+each `kbp_launch_<instance>(dim3(grid), dim3(block), smem, streams[s], flags, ...)` (flags bit 0:
+programmatic dependent launch, bit 1: the highest priority) under its
 `// group G (rule, family) on stream S:` comment, in launch order.
 
 A profiler names a kernel by its demangled symbol (`void kbp::w4a16_gemv<128, 4, true>(...)`), so
@@ -23,7 +24,7 @@ _GROUP = re.compile(r"^\s*// group (\d+) \((.*), ([^,()]*)\) on stream (\d+):")
 _WAIT = re.compile(r"cudaStreamWaitEvent\(streams\[(\d+)\], events\[(\d+)\]")
 _RECORD = re.compile(r"cudaEventRecord\(events\[(\d+)\], streams\[(\d+)\]\)")
 _LAUNCH = re.compile(r"kbp_launch_(\w+)\(dim3\((\d+), (\d+), (\d+)\), dim3\((\d+), (\d+), (\d+)\), "
-                     r"(\d+), streams\[(\d+)\], ([01])\b")
+                     r"(\d+), streams\[(\d+)\], ([0-3])\b")
 
 
 class TimelineError(Exception):
@@ -45,10 +46,12 @@ class LaunchRow:
     after_wait: bool                 # the first launch after a cross-stream event wait
     waits: tuple[int, ...] = ()      # events its stream waited for since its previous launch there
     records: tuple[int, ...] = ()    # events its stream records after it, before its next launch
+    priority: bool = False           # launched at the highest priority
 
     def to_json(self) -> dict:
         return {"launch": self.index, "group": self.group, "rule": self.rule, "family": self.family,
                 "stream": self.stream, "instance": self.instance, "kernel": self.kernel, "pdl": self.pdl,
+                "priority": self.priority,
                 "after_wait": self.after_wait, "waits": list(self.waits), "records": list(self.records)}
 
 
@@ -101,7 +104,8 @@ def launch_table(step_cu: str, kernels: dict[str, str]) -> list[LaunchRow]:
                 raise TimelineError(f"group {gid} launches on stream {m[9]} under a header naming stream {stream}")
             rows.append(LaunchRow(len(rows), gid, rule, family, stream, m[1], kernels.get(m[1], m[1]),
                                   (int(m[2]), int(m[3]), int(m[4])), (int(m[5]), int(m[6]), int(m[7])),
-                                  m[10] == "1", waited, tuple(pending.pop(stream, ()))))
+                                  bool(int(m[10]) & 1), waited, tuple(pending.pop(stream, ())),
+                                  priority=bool(int(m[10]) & 2)))
             last_on[stream] = len(rows) - 1
             waited = False
     if not rows:

@@ -180,7 +180,9 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
 @click.option("--fuse-rule", "add_fusions", multiple=True, metavar="RULE",
               help="Also apply an opt-in fusion rule (repeatable; compile says which rules are opt-in and why).")
 @click.option("--pdl/--no-pdl", default=True, show_default=True,
-              help="Programmatic dependent launch: each kernel may start while the one before it drains.")
+              help="Programmatic dependent launch: each kernel may start while the one before it drains; and "
+                   "launch priorities: the kernels on the modelled critical path go first where kernels of "
+                   "several streams wait for SMs. --no-pdl builds the plain baseline with neither.")
 @click.option("--no-act-quant", is_flag=True,
               help="Debugging aid, never for production: keep activations in BF16/FP32 where the blueprint "
                    "quantizes them to NVFP4 or FP8 (projections multiply dequantized weights, the MLA latent "

@@ -21,6 +21,7 @@ from kbpc.bundle.keys import Keyring, Signer
 from kbpc.bundle.keystore import signing_key
 from kbpc.bundle.manifest import canonical_json
 from kbpc.codegen.emit import Sources, build_step, generate
+from kbpc.codegen.records import Launch
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
@@ -198,6 +199,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "model_config": bp.config.to_json(), "symbols": bp.symbols,
         "step": {"arena_bytes": step.arena_bytes, "streams": step.streams, "events": step.events,
                  "launches": sum(len(g.launches) for g in step.groups), "groups": len(step.groups),
+                 "priority_launches": sum(1 for g in step.groups for l in g.launches
+                                          if isinstance(l, Launch) and l.priority),
                  "kernel_instances": len(step.instances), "vocab": step.vocab,
                  "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us,
                  "fusion": fusion.to_json()},

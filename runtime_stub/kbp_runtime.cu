@@ -86,7 +86,9 @@ KbpHandle* kbp_create(void* arena, const void* const* weights, void* const* stat
         cudaError_t enq = e == cudaSuccess ? enqueue(h) : e;
         e = cudaStreamEndCapture(h->streams[0], &h->graph);
         if (enq != cudaSuccess) e = enq;
-        if (e == cudaSuccess) e = cudaGraphInstantiate(&h->exec, h->graph, 0);
+        // Node priorities: the launches on the modelled critical path carry the highest priority
+        // (the launch pass mark_priority); without the flag a graph ignores them.
+        if (e == cudaSuccess) e = cudaGraphInstantiate(&h->exec, h->graph, cudaGraphInstantiateFlagUseNodePriority);
         if (e != cudaSuccess) { fail("capturing the step into a CUDA graph", e); kbp_destroy(h); return nullptr; }
     }
     return h;

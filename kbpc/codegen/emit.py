@@ -51,7 +51,7 @@ def build_step(plan: Plan, command: str) -> StepProgram:
         g = by_id[s.group]
         groups.append(GroupCode(group=g.id, rule=g.rule, family=g.family, stream=s.stream,
                                 waits=s.waits, record=s.record, nodes=g.nodes,
-                                launches=tuple(lower_group(ctx, g))))
+                                launches=tuple(lower_group(ctx, g)), urgent=s.urgent))
     instances: dict[str, KernelInstance] = {}
     for gc in groups:
         for launch in gc.launches:

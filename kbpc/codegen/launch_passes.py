@@ -46,6 +46,23 @@ def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
     return dataclasses.replace(step, groups=tuple(groups))
 
 
+def mark_priority(step: StepProgram, options: Options) -> StepProgram:
+    """Launch priority: the launches of the groups the schedule puts on the modelled critical path
+    (ScheduledGroup.urgent) are issued at the device's highest priority, so where kernels of
+    several streams wait for SMs, the block scheduler places theirs first (a side branch such as
+    the query up-projection then yields to the index select). The runtime instantiates the step's
+    graph with node priorities; priority never changes what a kernel computes. With
+    options.pdl off (the plain baseline), no launch is marked."""
+    if not options.pdl:
+        return step
+    groups = []
+    for g in step.groups:
+        launches = tuple(dataclasses.replace(l, priority=g.urgent) if not isinstance(l, Collective) else l
+                         for l in g.launches)
+        groups.append(dataclasses.replace(g, launches=launches))
+    return dataclasses.replace(step, groups=tuple(groups))
+
+
 def place_collectives(step: StepProgram, options: Options) -> StepProgram:
     """Tensor parallelism: an all-gather before each post-mix that sums rank partials, and the
     expert-parallel id rewrite after each router (kbpc/codegen/collectives.py)."""
@@ -55,6 +72,7 @@ def place_collectives(step: StepProgram, options: Options) -> StepProgram:
 LAUNCH_PASSES: tuple[tuple[str, LaunchPass], ...] = (
     ("place_collectives", place_collectives),
     ("mark_pdl", mark_pdl),
+    ("mark_priority", mark_priority),
 )
 
 
@@ -64,4 +82,4 @@ def run_launch_passes(step: StepProgram, options: Options) -> StepProgram:
     return step
 
 
-__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "place_collectives", "run_launch_passes"]
+__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "mark_priority", "place_collectives", "run_launch_passes"]

@@ -41,6 +41,7 @@ class Launch:
     nodes: tuple[str, ...]
     note: str = ""
     pdl: bool = False                # launched with programmatic dependent launch (launch pass)
+    priority: bool = False           # launched at the highest priority (launch pass mark_priority)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class GroupCode:
     record: int | None
     nodes: tuple[str, ...]
     launches: tuple[Launch | Collective, ...]
+    urgent: bool = False             # the schedule's: on the modelled critical path
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,11 @@ def launcher_decl(inst) -> str:
 
 
 def launch_call(launch, stream: str) -> str:
-    """A call of the launcher for one launch: grid, block, dynamic shared memory, stream, the PDL
-    flag and the rendered arguments (a collective: the runtime's all-gather of its slots)."""
+    """A call of the launcher for one launch: grid, block, dynamic shared memory, stream, the flags
+    (bit 0 programmatic dependent launch, bit 1 the highest priority) and the rendered arguments (a
+    collective: the runtime's all-gather of its slots)."""
     if isinstance(launch, Collective):
         return f"kbp_tp_all_gather(COMM + {launch.offset}, {launch.slot_bytes}ull, {stream})"
     args = "".join(f", {render_arg(a)}" for a in launch.args)
     return (f"kbp_launch_{launch.instance.name}(dim3({', '.join(map(str, launch.grid))}), "
-            f"dim3({', '.join(map(str, launch.block))}), {launch.smem}, {stream}, {int(launch.pdl)}{args})")
+            f"dim3({', '.join(map(str, launch.block))}), {launch.smem}, {stream}, {int(launch.pdl) | int(launch.priority) << 1}{args})")

@@ -107,6 +107,7 @@ class ScheduledGroup:
     waits: tuple[int, ...]            # event ids this group waits for before launching
     record: int | None                # event id recorded after it, if another stream needs it
     cost_us: float                    # model: bytes / bandwidth + launch latency
+    urgent: bool = False              # on the modelled critical path: its launches go first
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ def test_launch_table_is_the_step_program(tiny_path):
     files = generate(plan, "x").files
     rows = launch_table(files["src/step.cu"], kernel_names(files))
     step = build_step(plan, "x")
-    want = [(g.group, g.stream, l.instance.name, l.instance.kernel, l.grid, l.block, l.pdl, i == 0 and bool(g.waits))
+    want = [(g.group, g.stream, l.instance.name, l.instance.kernel, l.grid, l.block, l.pdl, l.priority,
+             i == 0 and bool(g.waits))
             for g in step.groups for i, l in enumerate(g.launches) if not isinstance(l, Collective)]
-    got = [(r.group, r.stream, r.instance, r.kernel, r.grid, r.block, r.pdl, r.after_wait) for r in rows]
+    got = [(r.group, r.stream, r.instance, r.kernel, r.grid, r.block, r.pdl, r.priority, r.after_wait) for r in rows]
     assert got == want
     assert [r.index for r in rows] == list(range(len(rows)))
     assert {r.family for r in rows} == {g.family for g in step.groups if g.launches}
