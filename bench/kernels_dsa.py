@@ -50,6 +50,15 @@ def _decode():
     return _launcher(decode_instance(E, hpc)), (ORDER_WARPS, HEADS // hpc, 1)
 
 
+def _decode_fast():
+    """(launcher, grid, split) of the CUDA-core `fast` decode for the seed's heads."""
+    from kbpc.codegen.families.glm_mla_decode import fast_instance  # noqa: PLC0415
+    from kbpc.reference.glm_mla_decode_fast import fast_split  # noqa: PLC0415
+    from kbpc.targets import get_target  # noqa: PLC0415
+    split = fast_split(HEADS, WIDTH, 1, get_target("sm_90").sms, E)
+    return _launcher(fast_instance(E, split.hpc)), split.grid(HEADS, 1), split
+
+
 def _latent_write():
     from kbpc.codegen.families.glm_mla_latent_write import PARAMS  # noqa: PLC0415
     from kbpc.codegen.records import KernelInstance  # noqa: PLC0415
@@ -117,7 +126,7 @@ def _select_case(ctx: int, fp8: bool, qrot: bool = False) -> Case:
         return lambda i: run((blocks, 1, 1), (512, 1, 1), q, w, *sets[i % n], s, tau, sc.scores, sc.hist, sc.arrive,
                              sc.tokens, sync=False)
     kind = ("fp8" if fp8 else "f32") + (" cache, rotated query" if qrot else " cache")
-    return Case(f"dsa_indexer::select ({kind})", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
+    return Case(f"dsa_indexer::select ({kind}) @{ctx}", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
                 setup)
 
 
@@ -141,6 +150,28 @@ def _decode_case(ctx: int) -> Case:
         return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel,
                              WIDTH, s, np.float32(1), out, sc.merge, sc.counters, sync=False)
     return Case("glm_mla_decode::decode_split", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
+
+
+def _decode_fast_case(ctx: int) -> Case:
+    """The `fast` numerics form of the decode (slices x head groups, one flat merge)."""
+    tokens = min(ctx, TOPK_POOLS * KP)
+    nbytes = HEADS * E * 2 * 2 + tokens * E + WIDTH * 4
+
+    def setup():
+        run, grid, split = _decode_fast()
+        rng = np.random.default_rng(0)
+        n = rotations(ctx * E, cap=8)
+        caches = [_latent_cache(rng, ctx) for _ in range(n)]
+        sel = np.full(WIDTH, -1, np.int32)
+        sel[:tokens] = rng.choice(ctx, tokens, replace=False)
+        q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
+        d_sel, out, s = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx)
+        partials = _gpu(np.zeros((1, split.slices, HEADS, E + 4), np.float32))
+        counters = _gpu(np.zeros((1, HEADS // split.hpc), np.uint32))
+        return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel, WIDTH, s,
+                             np.float32(1), split.chunk, out, partials, counters, smem=split.smem_bytes(E),
+                             sync=False)
+    return Case(f"glm_mla_decode::decode_fast @{ctx}", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
 
 
 def _layer_case(ctx: int, fp8: bool) -> Case:
@@ -183,4 +214,5 @@ CASES = [_store_case(False), _store_case(True)] + [
     make(ctx) for ctx in CONTEXTS for make in (
         lambda c: _select_case(c, False), lambda c: _select_case(c, True),
         lambda c: _select_case(c, True, qrot=True), _decode_case,
+        _decode_fast_case,
         lambda c: _layer_case(c, False), lambda c: _layer_case(c, True))]
