@@ -135,18 +135,26 @@ def _latent_cache(rng, ctx: int):
     return _gpu(rng.integers(0, 0x70, (pages * PAGE, E)).astype(np.uint8)), _gpu(rng.permutation(pages).astype(np.int32))
 
 
+def _decode_inputs(rng, ctx: int, tokens: int, sort: bool):
+    """A decode case's inputs: n rotated latent caches of ctx tokens, BF16 queries, a selection of
+    `tokens` distinct ids (in id order with `sort`) then -1, the output and seq_len."""
+    n = rotations(ctx * E, cap=8)
+    caches = [_latent_cache(rng, ctx) for _ in range(n)]
+    sel = np.full(WIDTH, -1, np.int32)
+    ids = rng.choice(ctx, tokens, replace=False)
+    sel[:tokens] = np.sort(ids) if sort else ids
+    q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
+    return n, caches, q, _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx)
+
+
 def _decode_case(ctx: int) -> Case:
     tokens = min(ctx, TOPK_POOLS * KP)
     nbytes = HEADS * E * 2 * 2 + tokens * E + WIDTH * 4
 
     def setup():
         (run, grid), rng = _decode(), np.random.default_rng(0)
-        n = rotations(ctx * E, cap=8)
-        caches = [_latent_cache(rng, ctx) for _ in range(n)]
-        sel = np.full(WIDTH, -1, np.int32)
-        sel[:tokens] = np.sort(rng.choice(ctx, tokens, replace=False))
-        q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
-        d_sel, out, s, sc = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx), _Scratch(1)
+        n, caches, q, d_sel, out, s = _decode_inputs(rng, ctx, tokens, sort=True)
+        sc = _Scratch(1)
         return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel,
                              WIDTH, s, np.float32(1), out, sc.merge, sc.counters, sync=False)
     return Case("glm_mla_decode::decode_split", f"ctx {ctx}: {HEADS} heads x {tokens} tokens", nbytes, setup)
@@ -159,13 +167,7 @@ def _decode_fast_case(ctx: int) -> Case:
 
     def setup():
         run, grid, split = _decode_fast()
-        rng = np.random.default_rng(0)
-        n = rotations(ctx * E, cap=8)
-        caches = [_latent_cache(rng, ctx) for _ in range(n)]
-        sel = np.full(WIDTH, -1, np.int32)
-        sel[:tokens] = rng.choice(ctx, tokens, replace=False)
-        q = _gpu(rng.integers(0, 1 << 14, (HEADS, E)).astype(np.uint16))
-        d_sel, out, s = _gpu(sel), _gpu(np.zeros((HEADS, E), np.uint16)), _i32(ctx)
+        n, caches, q, d_sel, out, s = _decode_inputs(np.random.default_rng(0), ctx, tokens, sort=False)
         partials = _gpu(np.zeros((1, split.slices, HEADS, E + 4), np.float32))
         counters = _gpu(np.zeros((1, HEADS // split.hpc), np.uint32))
         return lambda i: run(grid, (256, 1, 1), q, caches[i % n][0], caches[i % n][1], PAGE, d_sel, WIDTH, s,

@@ -5,7 +5,7 @@
 # brings back only a few files a call): per case its details page as text and, where this ncu can,
 # the SASS source page with per-instruction counters (the reports too with KEEP_REPORTS=1); also
 # disassembles the cubins named in CUBINS (paths in the tree).
-# NCU_ARGS adds options (e.g. "--sampling-interval 0" for fine warp-stall sampling of a short kernel).
+# NCU_ARGS adds options (e.g. "--warp-sampling-interval 0" for fine warp-stall sampling of a short kernel).
 # Usage: scripts/gpu-ncu.sh "moe_slots (step form) moe gate_up=w4a4_gemv_moe_slots" ...
 #   REGEX matches the name the profiler sees: a case launched through the product launcher keeps the
 #   kernel's own name; a case built from its own extern "C" wrapper (bench/kernels_*.py's _mod) is

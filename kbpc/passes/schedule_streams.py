@@ -47,14 +47,20 @@ def group_costs(plan: Plan) -> dict[int, float]:
     return costs
 
 
-def remaining_path_us(device, deps: dict[int, set[int]], costs: dict[int, float]) -> dict[int, float]:
-    """group id -> its cost plus the longest modelled path after it to the end of the step."""
+def _successors(device, deps: dict[int, set[int]]) -> dict[int, list[int]]:
+    """group id -> the device groups that read it, in the device order."""
     ids = {g.id for g in device}
     succs: dict[int, list[int]] = defaultdict(list)
     for g in device:
         for d in deps[g.id]:
             if d in ids:
                 succs[d].append(g.id)
+    return succs
+
+
+def remaining_path_us(device, deps: dict[int, set[int]], costs: dict[int, float]) -> dict[int, float]:
+    """group id -> its cost plus the longest modelled path after it to the end of the step."""
+    succs = _successors(device, deps)
     rank: dict[int, float] = {}
     for g in reversed(device):   # device is in a topological order
         rank[g.id] = costs[g.id] + max((rank[x] for x in succs[g.id]), default=0.0)
@@ -94,23 +100,20 @@ def _in_start_order(device, deps, rank, finish):
     group never takes a stream before one that is ready earlier."""
     ids = {g.id for g in device}
     index = {g.id: i for i, g in enumerate(device)}
-    waiting = {g.id: {d for d in deps[g.id] if d in ids} for g in device}
-    users: dict[int, list[int]] = defaultdict(list)
-    for gid, ds in waiting.items():
-        for d in ds:
-            users[d].append(gid)
-    earliest = {g.id: 0.0 for g in device}   # the latest finish of a group's placed producers
-    heap = [(0.0, -rank[g.id], index[g.id]) for g in device if not waiting[g.id]]
+    producers = {g.id: {d for d in deps[g.id] if d in ids} for g in device}
+    succs = _successors(device, deps)
+    unplaced = {gid: len(ds) for gid, ds in producers.items()}
+    heap = [(0.0, -rank[g.id], index[g.id]) for g in device if not producers[g.id]]
     heapq.heapify(heap)
     while heap:
         _, _, i = heapq.heappop(heap)
         g = device[i]
         yield g                                # the caller places it: finish[g.id] is set
-        for u in users[g.id]:
-            earliest[u] = max(earliest[u], finish[g.id])
-            waiting[u].discard(g.id)
-            if not waiting[u]:
-                heapq.heappush(heap, (earliest[u], -rank[u], index[u]))
+        for u in succs[g.id]:
+            unplaced[u] -= 1
+            if not unplaced[u]:
+                start = max(finish[d] for d in producers[u])
+                heapq.heappush(heap, (start, -rank[u], index[u]))
 
 
 def _heirs(device, deps, rank) -> dict[int, int]:

@@ -67,8 +67,9 @@ def test_index_query_continues_the_norm_stream(seed_plan):
 
 
 def test_urgent_groups_are_the_critical_path(seed_plan):
-    """The indexer's chain and the decode are urgent (no modelled slack); the side branches they
-    do not wait for last (the query up-projection, the latent write) and the shared experts are not."""
+    """The indexer's chain, the decode and the output projection are urgent (no modelled slack);
+    the side branches with slack (the query up-projection, the latent write) and the shared experts
+    are not."""
     by_group = {s.group: s for s in seed_plan.schedule}
     for block in _dsa_blocks(seed_plan):
         for op in ("linear:index_q", "index_select", "mla_attention", "linear:o"):
