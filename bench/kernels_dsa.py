@@ -2,9 +2,9 @@
 32 heads x 128, pools of 4, top-2048 tokens) at 1k, 16k, 128k and 512k context, built through the
 product's launchers (kbpc.testing.launchers) with the instances the lowerings emit: the indexer's
 store, its fused select (scores + top-k + expansion) with the FP32 and the FP8 index cache (read
-back through the rotation, and the `fast` form scoring the codes against the rotated query), the
-split MLA decode, and a whole DSA layer's chain (latent write, store, select, decode) with
-programmatic dependent launch, the number issue 14's targets are stated in. Pool keys and latents
+back through the rotation; the `fast` forms: the codes against the rotated query, the FP32 keys on
+tensor cores), the split MLA decode, and a whole DSA layer's chain (latent write, store, select,
+decode) with programmatic dependent launch, the number issue 14's targets are stated in. Pool keys and latents
 are random (zeroed caches would make every score tie). See bench/kernels.py."""
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def _store(fp8: bool):
     return _launcher(store_instance(D, KP, fp8))
 
 
-def _select(fp8: bool, qrot: bool = False):
+def _select(fp8: bool, qrot: bool = False, mma: bool = False):
     from kbpc.codegen.families.dsa_indexer import select_instance  # noqa: PLC0415
-    return _launcher(select_instance(H, D, KP, TOPK_POOLS, fp8, qrot=qrot))
+    return _launcher(select_instance(H, D, KP, TOPK_POOLS, fp8, qrot=qrot, mma=mma))
 
 
 def _decode():
@@ -112,20 +112,22 @@ def _store_case(fp8: bool) -> Case:
     return Case(f"dsa_indexer::store+pool ({kind})", f"{D} bf16 key+gate, pool {KP}", nbytes, setup)
 
 
-def _select_case(ctx: int, fp8: bool, qrot: bool = False) -> Case:
-    """qrot: the fp8 cache scored against the rotated query (the `fast` numerics form)."""
+def _select_case(ctx: int, fp8: bool, qrot: bool = False, mma: bool = False) -> Case:
+    """qrot: the fp8 cache scored against the rotated query; mma: the f32 cache on tensor cores (the
+    `fast` numerics forms)."""
     pools = ctx // KP
     nbytes = _pool_bytes(pools, fp8) + H * D * 4 + H * 4 + pools * 4 * 2 + WIDTH * 4
 
     def setup():
-        run, rng = _select(fp8, qrot), np.random.default_rng(0)
+        run, rng = _select(fp8, qrot, mma), np.random.default_rng(0)
         n = rotations(_pool_bytes(pools, fp8), cap=16)
         sets = [_pool_state(rng, pools, fp8) for _ in range(n)]
         q, w = _gpu(rng.normal(size=(H, D)).astype(np.float32)), _gpu(rng.normal(size=H).astype(np.float32))
         sc, s, tau, blocks = _Scratch(pools), _i32(ctx), _i32(ctx - 1), _blocks(pools)
         return lambda i: run((blocks, 1, 1), (512, 1, 1), q, w, *sets[i % n], s, tau, sc.scores, sc.hist, sc.arrive,
                              sc.tokens, sync=False)
-    kind = ("fp8" if fp8 else "f32") + (" cache, rotated query" if qrot else " cache")
+    kind = ("fp8" if fp8 else "f32") + (" cache, rotated query" if qrot else " cache, tensor cores" if mma
+                                        else " cache")
     return Case(f"dsa_indexer::select ({kind}) @{ctx}", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
                 setup)
 
@@ -214,7 +216,7 @@ def _layer_case(ctx: int, fp8: bool) -> Case:
 
 CASES = [_store_case(False), _store_case(True)] + [
     make(ctx) for ctx in CONTEXTS for make in (
-        lambda c: _select_case(c, False), lambda c: _select_case(c, True),
+        lambda c: _select_case(c, False), lambda c: _select_case(c, False, mma=True), lambda c: _select_case(c, True),
         lambda c: _select_case(c, True, qrot=True), _decode_case,
         _decode_fast_case,
         lambda c: _layer_case(c, False), lambda c: _layer_case(c, True))]

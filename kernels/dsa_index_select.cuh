@@ -3,20 +3,22 @@
 // (family header dsa_indexer.cuh: state, math, order).
 //
 // Launch contract
-//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
+//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
 //       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
 //   q float [H][D]; raw_w float [H] = (W_w x)_h; pool keys as the family header says (FP8 picks
 //   pool_codes + pool_scales, else pool_keys; the other pointers may be null); scores float
 //   [capacity]; hist uint32 [2^BITS] and arrive uint32 [1], both zero at launch and left zero;
 //   sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
 //   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
-//   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below.
+//   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below. MMA (FP32
+//   cache only; numerics `fast`) scores on BF16 tensor cores (dsa_index_score_mma.cuh).
 //
 // Work. Phase 1, every CTA: the valid pools are cut into G contiguous ranges of whole 32-pool
 // chunks; a CTA stages its chunks in shared memory (cp.async, double-buffered; the FP8 cache is
 // read back through the inverse rotation there), warps score them (a warp holds HW heads' queries
 // and reduces 32 (pool, head) dot products at once with one transposed butterfly), and each pool's
-// head terms are summed in head order. The CTA writes its scores and adds a histogram of their
+// head terms are summed in head order (the MMA form: each warp scores whole 16-pool tiles of the
+// CTA's range from registers, no staging or barriers). The CTA writes its scores and adds a histogram of their
 // keys' first BITS bits to `hist`. Phase 2, the last CTA to arrive (a fenced counter): finds the
 // histogram bin holding the k-th largest key, gathers the keys above it and in it (one pass over
 // the scores), selects the top k in the total order by a radix select over the 64-bit rank keys
@@ -34,7 +36,7 @@
 // The selection code is the same, so the selected pools are the top k of the scores written.
 #pragma once
 
-#include "dsa_indexer_common.cuh"
+#include "dsa_index_score_mma.cuh"
 
 namespace kbp {
 
@@ -55,10 +57,13 @@ struct DsaSelectPhase1 {
     float terms[DSA_SELECT_CHUNK][H + 1];
 };
 
-template <int H, int D, bool FP8, int BITS>
+template <bool C, class A, class B> struct DsaPick { using type = A; };
+template <class A, class B> struct DsaPick<false, A, B> { using type = B; };
+
+template <int H, int D, bool FP8, int BITS, bool MMA>
 struct DsaSelectSmem {
-    union {
-        DsaSelectPhase1<H, D, FP8> p1;
+    union {   // phase 1: the staging of the CUDA-core form or the query fragments of the MMA form
+        typename DsaPick<MMA, DsaSelectMmaSmem<H, D>, DsaSelectPhase1<H, D, FP8>>::type p1;
         unsigned long long rank[DSA_SELECT_RANK_SLOTS];       // phase 2: candidates, then sorted
     };
     uint32_t hist[1 << BITS];
@@ -66,22 +71,6 @@ struct DsaSelectSmem {
     uint32_t count, count2, bin, n_gt, digit, above;
     int last;
 };
-
-// Warp-aggregated shared-memory atomics (many lanes hit the same word in the selection's passes):
-// a slot of an append counter for each calling lane, and a histogram increment.
-__device__ __forceinline__ uint32_t dsa_append_slot(uint32_t* count) {
-    const unsigned active = __activemask();
-    const int lane = threadIdx.x & 31, leader = __ffs(active) - 1;
-    uint32_t base = 0;
-    if (lane == leader) base = atomicAdd(count, (uint32_t)__popc(active));
-    base = __shfl_sync(active, base, leader);
-    return base + (uint32_t)__popc(active & ((1u << lane) - 1u));
-}
-__device__ __forceinline__ void dsa_hist_add(uint32_t* h, uint32_t bin) {
-    const unsigned active = __activemask();
-    const unsigned peers = __match_any_sync(active, bin);
-    if ((peers & ((1u << (threadIdx.x & 31)) - 1u)) == 0) atomicAdd(&h[bin], (uint32_t)__popc(peers));
-}
 
 // Warp 0 picks the digit d of an nb-bin histogram (nb <= 256) with above(d) < kk <= above(d) +
 // h[d], above(d) = sum of the bins above d; writes d and above(d) to the shared slots.
@@ -137,11 +126,11 @@ __device__ unsigned long long dsa_radix_select(Each each, unsigned long long pre
 }
 
 // Visit (score, index) for every score of scores[0, n) (written by other CTAs: read from L2),
-// with 16 loads per thread in flight (a single CTA scans up to 131072 pools). scores is 16-byte
-// aligned (a state buffer).
+// with 32 loads per thread in flight (a single CTA scans up to 131072 pools, bound by the L2
+// round trips). scores is 16-byte aligned (a state buffer).
 template <typename Fn>
 __device__ __forceinline__ void dsa_for_each_score(const float* scores, int n, Fn fn) {
-    constexpr int U = 4;   // float4 loads per thread per batch
+    constexpr int U = 8;   // float4 loads per thread per batch: 64 KB in flight for the block
     const int tid = threadIdx.x, nt = blockDim.x, n4 = n / 4;
     const float4* s4 = reinterpret_cast<const float4*>(scores);
     for (int base = 0; base < n4; base += U * nt) {
@@ -222,39 +211,17 @@ __device__ __forceinline__ void dsa_e4m3_lane_codes(const uint8_t* src, float (&
     }
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
-__device__ __forceinline__ void dsa_index_select_body(
-    const float* q, const float* raw_w, const float* pool_keys,
-    const uint8_t* pool_codes, const float* pool_scales,
-    const int32_t* seq_len, const int32_t* tau, float* scores,
-    uint32_t* ghist, uint32_t* arrive, int32_t* sel_tokens) {
-    constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, J = D / 32, BINS = 1 << BITS;
+// Phase 1 of the CUDA-core form: score pools [begin, end) of `rows` (the cache's pool rows) in
+// staged 32-pool chunks into scores, adding their first BITS key bits to the block's histogram.
+// Called by the whole block; ends on a barrier.
+template <int H, int D, int BITS, bool FP8, bool QROT>
+__device__ __forceinline__ void dsa_score_chunks(DsaSelectPhase1<H, D, FP8>& p1, uint32_t* hist, const float* q,
+                                                 const float* raw_w, const char* rows, const float* pool_scales,
+                                                 int begin, int end, float* scores) {
+    constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, J = D / 32, ROW = FP8 ? D : D * 4;
     constexpr int HW = dsa_heads_per_warp(H), RP = 32 / HW, NHG = (H + HW - 1) / HW;
-    constexpr int NPS = DSA_SELECT_WARPS / NHG, NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
-    static_assert(D % 32 == 0 && D <= 128, "lane-strided channels, staged 32 pools at a time");
-    static_assert(!FP8 || (D & (D - 1)) == 0, "the rotation needs a power-of-two width");
-    static_assert(!QROT || FP8, "the rotated query scores the FP8 codes");
-    static_assert(H >= 1 && NHG <= DSA_SELECT_WARPS, "at most 128 heads");
-    static_assert(TOPK_POOLS >= 1 && TOPK_POOLS <= NSORT, "the selection is sorted one key per thread");
-    static_assert(BITS >= 9 && BITS <= 16 && BINS % T == 0, "first-digit bins");
-    using Smem = DsaSelectSmem<H, D, FP8, BITS>;
-    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory");
-    __shared__ Smem sm;
+    constexpr int NPS = DSA_SELECT_WARPS / NHG;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
-    const int s_len = seq_len[0], t_pos = tau[0];
-    const int n = dsa_valid_pools(s_len, t_pos, KP), k = dsa_topk_count(s_len, t_pos, KP, TOPK_POOLS);
-    int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
-    per = max(CH, (per + CH - 1) / CH * CH);
-    const int begin = min(n, (int)blockIdx.x * per), end = min(n, begin + per);
-    constexpr int ROW = FP8 ? D : D * 4;   // bytes per pool row
-    const char* rows = FP8 ? (const char*)pool_codes : (const char*)pool_keys;
-    if (begin < end)   // the older pools are history (the newest is staged after the wait)
-        prefetch_l2(rows + (size_t)begin * ROW, (size_t)(end - begin) * ROW, tid, T);
-    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
-    ::kbp::pdl_wait();
-
-    for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;
     const int hg = warp % NHG, ps = warp / NHG;
     const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     float qr[HW][J], w_lane;
@@ -268,7 +235,7 @@ __device__ __forceinline__ void dsa_index_select_body(
         w_lane = hw < H ? raw_w[hw] * inv_sqrt_h : 0.0f;
     }
     if constexpr (QROT) {   // qhat = FWHT(q) * fl(1/sqrtf(D)) / D, moved to the lane's J channels
-        float* xs = sm.p1.keys + warp * D;   // a warp's slice: free until the first chunk is scored
+        float* xs = p1.keys + warp * D;   // a warp's slice: free until the first chunk is scored
         const float c0 = __fdiv_rn(inv_sqrt_d, (float)D);
 #pragma unroll
         for (int hl = 0; hl < HW; ++hl) {
@@ -285,8 +252,8 @@ __device__ __forceinline__ void dsa_index_select_body(
     auto stage = [&](int c) {
         const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
         const char* src = rows + (size_t)start * ROW;
-        for (int i = tid; i < cnt * ROW / 16; i += T) cp_async16(sm.p1.raw[buf] + 16 * i, src + 16 * (size_t)i);
-        if (FP8 && tid < cnt) sm.p1.scales[buf][tid] = pool_scales[start + tid];
+        for (int i = tid; i < cnt * ROW / 16; i += T) cp_async16(p1.raw[buf] + 16 * i, src + 16 * (size_t)i);
+        if (FP8 && tid < cnt) p1.scales[buf][tid] = pool_scales[start + tid];
         cp_async_commit();
     };
     const int chunks = (end - begin + CH - 1) / CH;
@@ -294,19 +261,19 @@ __device__ __forceinline__ void dsa_index_select_body(
     for (int c = 0; c < chunks; ++c) {
         const int start = begin + c * CH, cnt = min(CH, end - start), buf = c & 1;
         cp_async_step(stage, c, chunks);
-        const float* kbuf = reinterpret_cast<const float*>(sm.p1.raw[buf]);
+        const float* kbuf = reinterpret_cast<const float*>(p1.raw[buf]);
         if constexpr (FP8 && !QROT) {   // read back: ktilde = FWHT(sigma * e4m3(code)) / D, one warp per pool
             for (int p = warp; p < cnt; p += DSA_SELECT_WARPS) {
                 float v[J];
-                const float sigma = sm.p1.scales[buf][p];
+                const float sigma = p1.scales[buf][p];
 #pragma unroll
-                for (int j = 0; j < J; ++j) v[j] = e4m3_to_f32(sm.p1.raw[buf][p * D + lane + 32 * j]) * sigma;
+                for (int j = 0; j < J; ++j) v[j] = e4m3_to_f32(p1.raw[buf][p * D + lane + 32 * j]) * sigma;
                 dsa_fwht_warp<J>(v, lane);
 #pragma unroll
-                for (int j = 0; j < J; ++j) sm.p1.keys[p * D + lane + 32 * j] = __fdiv_rn(v[j], (float)D);
+                for (int j = 0; j < J; ++j) p1.keys[p * D + lane + 32 * j] = __fdiv_rn(v[j], (float)D);
             }
             __syncthreads();
-            kbuf = sm.p1.keys;
+            kbuf = p1.keys;
         }
         if (ps < NPS) {
             for (int r = ps; r * RP < cnt; r += NPS) {
@@ -315,7 +282,7 @@ __device__ __forceinline__ void dsa_index_select_body(
                 for (int pl = 0; pl < RP; ++pl) {
                     float kv[J];
                     if constexpr (QROT) {
-                        dsa_e4m3_lane_codes<J>(sm.p1.raw[buf] + (r * RP + pl) * D + J * lane, kv);
+                        dsa_e4m3_lane_codes<J>(p1.raw[buf] + (r * RP + pl) * D + J * lane, kv);
                     } else {
 #pragma unroll
                         for (int j = 0; j < J; ++j) kv[j] = kbuf[(r * RP + pl) * D + lane + 32 * j];
@@ -329,20 +296,64 @@ __device__ __forceinline__ void dsa_index_select_body(
                     }
                 }
                 const int p = r * RP + lane / HW, h = hg * HW + lane % HW;
-                const float factor = QROT ? (p < cnt ? sm.p1.scales[buf][p] : 0.0f) : inv_sqrt_d;
+                const float factor = QROT ? (p < cnt ? p1.scales[buf][p] : 0.0f) : inv_sqrt_d;
                 const float x = transpose_reduce32(part, lane) * factor;   // slot lane = (pl, hl)
-                if (h < H && p < cnt) sm.p1.terms[p][h] = w_lane * (x > 0.0f ? x : 0.0f);
+                if (h < H && p < cnt) p1.terms[p][h] = w_lane * (x > 0.0f ? x : 0.0f);
             }
         }
         __syncthreads();
         if (tid < cnt) {
             float acc = 0.0f;
 #pragma unroll 8
-            for (int h = 0; h < H; ++h) acc = acc + sm.p1.terms[tid][h];
+            for (int h = 0; h < H; ++h) acc = acc + p1.terms[tid][h];
             scores[start + tid] = acc;
-            dsa_hist_add(sm.hist, dsa_score_key(acc) >> (32 - BITS));
+            dsa_hist_add(hist, dsa_score_key(acc) >> (32 - BITS));
         }
         __syncthreads();   // the staging buffer and the terms are free again
+    }
+}
+
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA>
+__device__ __forceinline__ void dsa_index_select_body(
+    const float* q, const float* raw_w, const float* pool_keys,
+    const uint8_t* pool_codes, const float* pool_scales,
+    const int32_t* seq_len, const int32_t* tau, float* scores,
+    uint32_t* ghist, uint32_t* arrive, int32_t* sel_tokens) {
+    constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, BINS = 1 << BITS;
+    constexpr int NHG = (H + dsa_heads_per_warp(H) - 1) / dsa_heads_per_warp(H);
+    constexpr int NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
+    static_assert(D % 32 == 0 && D <= 128, "lane-strided channels, staged 32 pools at a time");
+    static_assert(!FP8 || (D & (D - 1)) == 0, "the rotation needs a power-of-two width");
+    static_assert(!QROT || FP8, "the rotated query scores the FP8 codes");
+    static_assert(!MMA || !FP8, "the MMA form scores the FP32 cache");
+    static_assert(H >= 1 && NHG <= DSA_SELECT_WARPS, "at most 128 heads");
+    static_assert(TOPK_POOLS >= 1 && TOPK_POOLS <= NSORT, "the selection is sorted one key per thread");
+    static_assert(BITS >= 9 && BITS <= 16 && BINS % T == 0, "first-digit bins");
+    using Smem = DsaSelectSmem<H, D, FP8, BITS, MMA>;
+    static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory");
+    __shared__ Smem sm;
+    const int tid = threadIdx.x;
+    // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
+    const int s_len = seq_len[0], t_pos = tau[0];
+    const int n = dsa_valid_pools(s_len, t_pos, KP), k = dsa_topk_count(s_len, t_pos, KP, TOPK_POOLS);
+    int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
+    per = max(CH, (per + CH - 1) / CH * CH);
+    const int begin = min(n, (int)blockIdx.x * per), end = min(n, begin + per);
+    constexpr int ROW = FP8 ? D : D * 4;   // bytes per pool row
+    const char* rows = FP8 ? (const char*)pool_codes : (const char*)pool_keys;
+    if (begin < end)   // the older pools are history (the newest is staged after the wait)
+        prefetch_l2(rows + (size_t)begin * ROW, (size_t)(end - begin) * ROW, tid, T);
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    ::kbp::pdl_wait();
+
+    for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;
+    if constexpr (MMA) {
+        dsa_mma_stage_queries<H, D, T>(sm.p1, q, raw_w);
+        __syncthreads();
+        dsa_mma_score_tiles<H, D, BITS, DSA_SELECT_WARPS>(sm.p1, pool_keys, begin, end, scores, sm.hist);
+        __syncthreads();
+    } else {
+        dsa_score_chunks<H, D, BITS, FP8, QROT>(sm.p1, sm.hist, q, raw_w, rows, pool_scales, begin, end, scores);
     }
     for (int b = tid; b < BINS; b += T)
         if (sm.hist[b]) atomicAdd(&ghist[b], sm.hist[b]);
@@ -415,13 +426,13 @@ __device__ __forceinline__ void dsa_index_select_body(
     dsa_expand<KP, TOPK_POOLS>([&](int r) { return dsa_rank_index(sorted[r]); }, k, s_len, t_pos, sel_tokens);
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT>
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA>
 __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
     const float* q, const float* raw_w, const float* pool_keys,
     const uint8_t* pool_codes, const float* pool_scales,
     const int32_t* seq_len, const int32_t* tau, float* scores,
     uint32_t* hist, uint32_t* arrive, int32_t* sel_tokens) {
-    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
+    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
                                                            tau, scores, hist, arrive, sel_tokens);
 }
 

@@ -123,6 +123,22 @@ __device__ __forceinline__ void dsa_expand(PoolAt pool_at, int k, int seq_len, i
     }
 }
 
+// Warp-aggregated shared-memory atomics (many lanes hit the same word in the selection's passes):
+// a slot of an append counter for each calling lane, and a histogram increment.
+__device__ __forceinline__ uint32_t dsa_append_slot(uint32_t* count) {
+    const unsigned active = __activemask();
+    const int lane = threadIdx.x & 31, leader = __ffs(active) - 1;
+    uint32_t base = 0;
+    if (lane == leader) base = atomicAdd(count, (uint32_t)__popc(active));
+    base = __shfl_sync(active, base, leader);
+    return base + (uint32_t)__popc(active & ((1u << lane) - 1u));
+}
+__device__ __forceinline__ void dsa_hist_add(uint32_t* h, uint32_t bin) {
+    const unsigned active = __activemask();
+    const unsigned peers = __match_any_sync(active, bin);
+    if ((peers & ((1u << (threadIdx.x & 31)) - 1u)) == 0) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+}
+
 __host__ __device__ constexpr int dsa_pow2_at_least(int n) { return n <= 1 ? 1 : 2 * dsa_pow2_at_least((n + 1) / 2); }
 
 // (cp_async16 / cp_async_commit / cp_async_wait: kbp_common.cuh)

@@ -215,6 +215,44 @@ def rotated_score_bound(geo: IndexerGeometry, q, raw_w, codes, sigma) -> np.ndar
     return per_head @ w
 
 
+BF16_U = 2.0 ** -8         # BF16 unit roundoff (8 significant bits, round to nearest even)
+MMA_STEP_LOSS = 2.0 ** -13  # assumed worst loss of one m16n8k16 accumulation, relative to its magnitudes
+BF16_TINY = 2.0 ** -125     # BF16 subnormals may be flushed by the tensor core: at most this absolute
+
+
+def bf16_score_bound(geo: IndexerGeometry, q, raw_w, pool_keys) -> np.ndarray:
+    """(n,) float64 bound on |I_fast - I_ref| per pool of the f32 cache (pool_keys [n, D_I]) for the
+    select's tensor-core form (kernels/dsa_index_score_mma.cuh, MMA; numerics `fast`).
+
+    Per head, with A = sum_d |q_d k_d|, c_d = fl(1/sqrtf(D)), S = D / 16 mma k steps:
+    - reference: the lane dot (product, J - 1 lane adds, 5 tree adds) and the c_d multiply are
+      within c_d gamma_{J+6} A of c_d q . k;
+    - fast: q and k rounded to BF16 (RNE, relative error u_b = 2^-8 each) make each product err by
+      (2 u_b + u_b^2) |q_d k_d|; a BF16 subnormal flushed to zero errs by at most 2^-125 absolute,
+      so a product by 2^-125 (|q_d| + |k_d|) (the other factor rounded up by at most 2^-7); the
+      BF16 products are exact in FP32 and each k step's accumulation is assumed to lose at most
+      2^-13 of the magnitudes summed (a 14-bit alignment, as published for Hopper's FP8 tensor
+      cores; the BF16 mma keeps FP32's), S steps in all; the c_d multiply costs u.
+    So |x_fast - x_ref| <= bx = c_d (A (2 u_b + u_b^2 + 1.01 S 2^-13 + (J + 7) u') + 2^-124 T)
+    + (D + 8) 2^-149, T = sum_d (|q_d| + |k_d|). Then, as in rotated_score_bound, relu is
+    1-Lipschitz and each side rounds at most H + 1 times in its weighted head sum (the fast one by
+    FMA per lane and two quad adds, any order), so
+        |I_fast - I_ref| <= sum_h |w_h| (bx_h (1 + 2 (H + 1) u') + 2 (H + 1) u' c_d A_h).
+    About 2^-7 of sum_h |w_h| c_d A_h: the BF16 rounding of the operands dominates."""
+    d, heads = geo.head_dim, geo.heads
+    j, steps = d // WARP, d // 16
+    q64 = np.abs(np.asarray(q, F32).astype(np.float64))                       # (H, D)
+    k64 = np.abs(np.asarray(pool_keys, F32).astype(np.float64))               # (n, D)
+    a = k64 @ q64.T                                                            # (n, H)
+    t = k64.sum(axis=-1)[:, None] + q64.sum(axis=-1)[None, :]
+    c_d = float((F32(1) / np.sqrt(F32(d))).astype(F32))
+    rel = 2 * BF16_U + BF16_U ** 2 + 1.01 * steps * MMA_STEP_LOSS + (j + 7) * U_SLACK
+    bx = c_d * (a * rel + 2 * BF16_TINY * t) + (d + 8) * F32_TINY
+    w = np.abs(head_weights(raw_w, heads).astype(np.float64))
+    per_head = bx * (1 + 2 * (heads + 1) * U_SLACK) + 2 * (heads + 1) * U_SLACK * c_d * a
+    return per_head @ w
+
+
 def top_pools(scores, k: int) -> np.ndarray:
     """The k best pool ids in rank order: score descending, ties to the lower index.
 

@@ -72,13 +72,14 @@ def test_select(tiny):
     fp8 = "true" if plan.options.index_cache == "fp8" else "false"
     assert plan.options.numerics == "fast"
     qrot = fp8   # fast numerics: the fp8 cache is scored against the rotated query
+    mma = "false" if fp8 == "true" else "true"   # ... and the f32 cache on tensor cores
     for g in groups(plan, "glm_index_select_persisted"):
         (launch,) = dsa_indexer.lower(ctx, g)
         node = ctx.node(g, "index_select")
         pool = next(n for n in plan.blueprint.nodes() if n.op == "kpool_compress" and n.block == node.block)
         scores, hist, arrive = dsa_indexer.scratch_names(node.id)
         assert launch.instance.kernel == \
-            f"kbp::dsa_index_select<{h}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}, {qrot}>"
+            f"kbp::dsa_index_select<{h}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}, {qrot}, {mma}>"
         capacity = -(-plan.options.max_context // kp)
         assert launch.grid == (min(get_target("sm_90").sms, -(-capacity // 32)), 1, 1)
         assert launch.block == (512, 1, 1) and launch.smem == 0
@@ -114,20 +115,23 @@ def test_seed_sizes(seed_path):
     kernels = {(l.instance.kernel, l.grid) for g in plan.groups if g.family == "dsa_indexer"
                for l in dsa_indexer.lower(ctx, g)}
     assert kernels == {("kbp::dsa_indexer_store<128, 4, false>", (1, 1, 1)),
-                       ("kbp::dsa_index_select<32, 128, 4, 512, false, 11, false>", (132, 1, 1))}
+                       ("kbp::dsa_index_select<32, 128, 4, 512, false, 11, false, true>", (132, 1, 1))}
 
 
-@pytest.mark.parametrize("numerics,index_cache,qrot", [("fast", "fp8", True), ("exact", "fp8", False),
-                                                       ("fast", "f32", False), ("exact", "f32", False)])
-def test_rotated_query_form_only_for_fast_fp8(tiny_path, numerics, index_cache, qrot):
-    """The select's rotated-query form (bounded, not the reference's bits) needs `fast` numerics
-    and the fp8 cache; exact keeps the read-back."""
+@pytest.mark.parametrize("numerics,index_cache,qrot,mma", [("fast", "fp8", True, False), ("exact", "fp8", False, False),
+                                                           ("fast", "f32", False, True),
+                                                           ("exact", "f32", False, False)])
+def test_bounded_select_forms_only_in_fast_mode(tiny_path, numerics, index_cache, qrot, mma):
+    """The select's bounded forms (not the reference's bits) need `fast` numerics: the fp8 cache
+    is scored against the rotated query, the f32 cache on tensor cores; exact keeps the reference's
+    read-back and lane order."""
     plan, ctx = _plan(tiny_path, numerics=numerics, index_cache=index_cache)
     (g,) = groups(plan, "glm_index_select_persisted")[:1]
     (launch,) = dsa_indexer.lower(ctx, g)
     fp8 = index_cache == "fp8"
-    assert launch.instance == dsa_indexer.select_instance(*_select_sizes(plan), fp8, qrot=qrot)
-    assert launch.instance.kernel.endswith(f", {'true' if qrot else 'false'}>")
+    assert launch.instance == dsa_indexer.select_instance(*_select_sizes(plan), fp8, qrot=qrot, mma=mma)
+    flag = {True: "true", False: "false"}
+    assert launch.instance.kernel.endswith(f", {flag[qrot]}, {flag[mma]}>")
 
 
 def _select_sizes(plan) -> tuple[int, int, int, int]:
@@ -138,6 +142,11 @@ def _select_sizes(plan) -> tuple[int, int, int, int]:
 def test_rotated_query_needs_the_fp8_cache():
     with pytest.raises(ValueError):
         dsa_indexer.select_instance(32, 128, 4, 512, False, qrot=True)
+
+
+def test_tensor_core_scores_need_the_f32_cache():
+    with pytest.raises(ValueError):
+        dsa_indexer.select_instance(32, 128, 4, 512, True, mma=True)
 
 
 def test_size_limits_are_lowering_errors():

@@ -16,6 +16,9 @@ Numerics `fast` with the fp8 index cache picks the select's rotated-query form (
 QROT): each head's query is rotated once and a pool's score is a dot product with its codes times
 its scale, instead of rotating every pool key back; it rounds differently, within
 kbpc.reference.dsa_indexer.rotated_score_bound. `exact` keeps the read-back (the reference's bits).
+Numerics `fast` with the f32 cache picks the tensor-core form (template flag MMA): queries and pool
+keys rounded to BF16, FP32 accumulation on mma.sync (the explain's tensor-core score path), within
+kbpc.reference.dsa_indexer.bf16_score_bound; `exact` keeps the lane-strided FP32 order.
 
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
@@ -61,12 +64,17 @@ def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
                           STORE_PARAMS)
 
 
-def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool, qrot: bool = False) -> KernelInstance:
-    """qrot: score the fp8 codes against the rotated query (numerics `fast` only)."""
+def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool, qrot: bool = False,
+                    mma: bool = False) -> KernelInstance:
+    """qrot: score the fp8 codes against the rotated query; mma: score the f32 cache on BF16 tensor
+    cores (each numerics `fast` only)."""
     if qrot and not fp8:
         raise ValueError("the rotated-query form scores the fp8 index cache")
+    if mma and fp8:
+        raise ValueError("the tensor-core form scores the f32 index cache")
     return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_select<{heads}, {d}, {kp}, "
-                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}, {_cbool(qrot)}>", SELECT_PARAMS)
+                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}, {_cbool(qrot)}, {_cbool(mma)}>",
+                          SELECT_PARAMS)
 
 
 def select_blocks(target: str, capacity_pools: int) -> int:
@@ -85,6 +93,11 @@ def _fp8(ctx: LowerCtx) -> bool:
 def _rotated_query(ctx: LowerCtx) -> bool:
     """The select's fast form: fp8 cache and `fast` numerics (exact keeps the reference's read-back)."""
     return _fp8(ctx) and ctx.plan.options.numerics == "fast"
+
+
+def _tensor_core_scores(ctx: LowerCtx) -> bool:
+    """The select's fast form over the f32 cache: BF16 tensor-core scores (exact keeps the lane order)."""
+    return not _fp8(ctx) and ctx.plan.options.numerics == "fast"
 
 
 def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
@@ -143,7 +156,7 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
     blocks = select_blocks(ctx.plan.options.target, capacity)
-    inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx))
+    inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx), _tensor_core_scores(ctx))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
             ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
