@@ -125,11 +125,23 @@ __device__ unsigned long long dsa_radix_select(Each each, unsigned long long pre
     }
 }
 
-// Visit (score, index) for every score of scores[0, n) (written by other CTAs: read from L2),
-// with 32 loads per thread in flight (a single CTA scans up to 131072 pools, bound by the L2
-// round trips). scores is 16-byte aligned (a state buffer).
+// The smallest score whose key's first BITS bits are at least b: the float of key b << (32 - BITS),
+// -inf where that key is below -inf's (NaN patterns), NaN (nothing is >= it) past +inf's.
+template <int BITS>
+__device__ __forceinline__ float dsa_bin_floor(uint32_t b) {
+    if (b >= (1u << BITS)) return __uint_as_float(0x7fffffffu);
+    const uint32_t key = b << (32 - BITS);
+    if (key <= 0x007fffffu) return -INFINITY;
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Visit (score, index) for every score >= at_least of scores[0, n) (written by other CTAs: read from
+// L2), with 32 loads per thread in flight. A single CTA scans up to 131072 pools: a float4 whose
+// largest score is below at_least costs four instructions, so the scan is bound by the L2 round
+// trips, not by the visits (the selection's floors leave a few hundred scores). scores is 16-byte
+// aligned (a state buffer); scores are NaN-free.
 template <typename Fn>
-__device__ __forceinline__ void dsa_for_each_score(const float* scores, int n, Fn fn) {
+__device__ __forceinline__ void dsa_for_each_score(const float* scores, int n, float at_least, Fn fn) {
     constexpr int U = 8;   // float4 loads per thread per batch: 64 KB in flight for the block
     const int tid = threadIdx.x, nt = blockDim.x, n4 = n / 4;
     const float4* s4 = reinterpret_cast<const float4*>(scores);
@@ -138,20 +150,23 @@ __device__ __forceinline__ void dsa_for_each_score(const float* scores, int n, F
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int i = base + u * nt + tid;
-            if (i < n4) v[u] = __ldcg(s4 + i);
+            v[u] = i < n4 ? __ldcg(s4 + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int i = base + u * nt + tid;
-            if (i < n4) {
-                fn(v[u].x, 4 * i);
-                fn(v[u].y, 4 * i + 1);
-                fn(v[u].z, 4 * i + 2);
-                fn(v[u].w, 4 * i + 3);
+            if (i < n4 && fmaxf(fmaxf(v[u].x, v[u].y), fmaxf(v[u].z, v[u].w)) >= at_least) {
+                if (v[u].x >= at_least) fn(v[u].x, 4 * i);
+                if (v[u].y >= at_least) fn(v[u].y, 4 * i + 1);
+                if (v[u].z >= at_least) fn(v[u].z, 4 * i + 2);
+                if (v[u].w >= at_least) fn(v[u].w, 4 * i + 3);
             }
         }
     }
-    for (int i = 4 * n4 + tid; i < n; i += nt) fn(__ldcg(scores + i), i);
+    for (int i = 4 * n4 + tid; i < n; i += nt) {
+        const float v = __ldcg(scores + i);
+        if (v >= at_least) fn(v, i);
+    }
 }
 
 // Exclusive suffix sum over the block of one value per thread (sum over the threads above).
@@ -383,9 +398,9 @@ __device__ __forceinline__ void dsa_index_select_body(
         __syncthreads();
         const uint32_t bin = sm.bin, n_gt = sm.n_gt, need = (uint32_t)k - n_gt;
         const bool fits = n_gt + sm.hist[bin] <= (uint32_t)CAND;
-        dsa_for_each_score(scores, n, [&](float s, int i) {
-            const uint32_t b = dsa_score_key(s) >> (32 - BITS);
-            if (b > bin || (fits && b == bin)) sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
+        // Keys in the bins above `bin` (and in it when they fit) are exactly the scores >= its floor.
+        dsa_for_each_score(scores, n, dsa_bin_floor<BITS>(fits ? bin : bin + 1), [&](float s, int i) {
+            sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
         });
         __syncthreads();
         unsigned long long thr = 1;   // take every gathered key >= thr
@@ -396,7 +411,7 @@ __device__ __forceinline__ void dsa_index_select_body(
                                        0ull, 64, (uint32_t)k, sm.hist, &sm.digit, &sm.above);
         } else {   // the bin overflows shared memory: select inside it over the scores in memory
             auto in_bin = [&](auto fn) {
-                dsa_for_each_score(scores, n, [&](float s, int i) {
+                dsa_for_each_score(scores, n, dsa_bin_floor<BITS>(bin), [&](float s, int i) {
                     if (dsa_score_key(s) >> (32 - BITS) == bin) fn(dsa_rank_key(s, i));
                 });
             };
