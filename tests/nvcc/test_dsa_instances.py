@@ -37,3 +37,22 @@ def test_dsa_instances_compile_without_spills(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert len(spills) == len(insts) and all(s == ("0", "0") for s in spills), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("h,d,fp8,mma", [(32, 128, False, False), (60, 128, False, False), (32, 128, True, False),
+                                         (128, 64, True, False), (32, 128, False, True), (128, 128, False, True),
+                                         (7, 32, False, True)])
+def test_select_shared_memory_model_is_what_ptxas_reports(tmp_path, h, d, fp8, mma):
+    """check_select_sizes rejects a head count and width by lower_dsa.select_smem_bytes (a lowering
+    error instead of the kernel's static_assert in nvcc), so the model must be the kernel's size; the
+    largest f32 CUDA-core form at width 128 (60 heads) fits the 48 KB limit."""
+    inst = lower_dsa.select_instance(h, d, 4, 16, fp8, mma=mma)
+    lower_dsa.check_select_sizes(h, d, 16, fp8, mma=mma)
+    src = tmp_path / "sel.cu"
+    src.write_text(_env().get_template("kernel_instance.cu.j2").render(inst=inst))
+    cmd = [nvcc_path(), *BASE_FLAGS, "-gencode=arch=compute_90a,code=sm_90a", "-c", f"-I{KERNELS_DIR}",
+           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "sel.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (smem,) = re.findall(r"(\d+) bytes smem", proc.stderr)
+    assert int(smem) == lower_dsa.select_smem_bytes(h, d, fp8, mma)

@@ -149,6 +149,19 @@ def test_tensor_core_scores_need_the_f32_cache():
         dsa_indexer.select_instance(32, 128, 4, 512, True, mma=True)
 
 
+def test_select_forms_over_the_shared_memory_limit_are_lowering_errors():
+    """128 index heads of width 128: the CUDA-core forms' staging (32 pools' keys and 129 head terms
+    a pool) is over 48 KB, the tensor-core form's query fragments are not; 61 heads is the first
+    f32 CUDA-core size over."""
+    for fp8 in (False, True):
+        with pytest.raises(LoweringError, match="shared memory"):
+            dsa_indexer.check_select_sizes(128, 128, 512, fp8)
+    dsa_indexer.check_select_sizes(128, 128, 512, False, mma=True)
+    dsa_indexer.check_select_sizes(60, 128, 512, False)
+    with pytest.raises(LoweringError, match="shared memory"):
+        dsa_indexer.check_select_sizes(61, 128, 512, False)
+
+
 def test_size_limits_are_lowering_errors():
     dsa_indexer.check_select_sizes(32, 128, 512, True)
     dsa_indexer.check_select_sizes(128, 64, 1, False)

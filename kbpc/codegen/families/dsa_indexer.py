@@ -108,7 +108,27 @@ def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
     return ctx.state(f"{pool_node_id}.pool_keys", "float"), NULL, NULL
 
 
-def check_select_sizes(heads: int, d: int, topk_pools: int, fp8: bool, where: str = "") -> None:
+SMEM_LIMIT = 48 * 1024   # the select's static shared memory (DsaSelectSmem)
+
+
+def select_smem_bytes(heads: int, d: int, fp8: bool, mma: bool) -> int:
+    """sizeof(DsaSelectSmem) (kernels/dsa_index_select.cuh; what ptxas reports for the instance):
+    phase 1's staging (CUDA-core forms: double-buffered raw rows and scales, the read-back keys,
+    the head terms) or query fragments (MMA form) in a union with the 4096 rank keys, then the
+    2^BITS-bin histogram, the warp sums and the block's counters, 16-byte aligned."""
+    def up16(n: int) -> int:
+        return -(-n // 16) * 16
+    chunk, nt = SELECT_CHUNK, -(-heads // 8)
+    if mma:
+        phase1 = nt * (d // 16) * 32 * 8 + nt * 8 * 4
+    else:
+        phase1 = up16(up16(2 * chunk * d * (1 if fp8 else 4) + 2 * chunk * 4) + 4 * (chunk * d if fp8 else 1)
+                      + chunk * (heads + 1) * 4)
+    tail = (1 << INDEX_SELECT_BIN_BITS) * 4 + (SELECT_THREADS // 32) * 4 + 6 * 4 + 4
+    return up16(up16(max(phase1, 4096 * 8)) + tail)
+
+
+def check_select_sizes(heads: int, d: int, topk_pools: int, fp8: bool, where: str = "", mma: bool = False) -> None:
     """The sizes dsa_index_select takes (its static_asserts), as lowering errors."""
     if d % 32 or d > MAX_HEAD_DIM:
         raise LoweringError(f"index head width {d}: the select kernel takes a multiple of 32 up to "
@@ -118,6 +138,12 @@ def check_select_sizes(heads: int, d: int, topk_pools: int, fp8: bool, where: st
     if not 1 <= heads <= MAX_HEADS or not 1 <= topk_pools <= SELECT_THREADS:
         raise LoweringError(f"{heads} index heads, top-{topk_pools} pools: the select kernel takes up to "
                             f"{MAX_HEADS} heads and {SELECT_THREADS} pools", where)
+    need = select_smem_bytes(heads, d, fp8, mma)
+    if need > SMEM_LIMIT:
+        form = "tensor-core" if mma else "fp8" if fp8 else "f32"
+        raise LoweringError(f"{heads} index heads of width {d}: the select kernel's {form} form needs about {need} "
+                            f"bytes of shared memory, over its {SMEM_LIMIT}-byte limit (the CUDA-core forms stage "
+                            "32 pools' keys and heads + 1 terms a pool)", where)
 
 
 def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
@@ -148,7 +174,7 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     if q.dim_value % heads:
         raise LoweringError(f"index queries ({q.dim_value}) are not {heads} whole heads", where)
     d = q.dim_value // heads
-    check_select_sizes(heads, d, topk, _fp8(ctx), where)
+    check_select_sizes(heads, d, topk, _fp8(ctx), where, mma=_tensor_core_scores(ctx))
     if buffer_elements(ctx.bp, sel) != (topk + 1) * kp:
         raise LoweringError("selection buffer is not (top-k pools + 1) x K_P token ids", where)
     scores, hist, arrive = scratch_names(node.id)
