@@ -53,6 +53,25 @@ def test_links_stay_inside_the_repository():
     assert "../shared" not in (REPO / "README.md").read_text()
 
 
+def test_numerics_table_names_real_bounds_tests_and_limits():
+    """docs/numerics.md names each fast form's bound (a function of a kbpc.reference module) and its
+    GPU test (a file in tests/gpu); both must exist, and its end-to-end limits must be the ones
+    `verify --numerics` applies."""
+    import importlib  # noqa: PLC0415
+    from kbpc.runtime.numerics import LIMITS  # noqa: PLC0415
+    text = (DOCS / "numerics.md").read_text()
+    bounds = re.findall(r"`([a-z_0-9]+)\.([a-z_0-9]+_bound)`", text)
+    assert len(bounds) >= 6
+    for module, name in bounds:
+        assert callable(getattr(importlib.import_module(f"kbpc.reference.{module}"), name)), f"{module}.{name}"
+    tests = re.findall(r"`(test_gpu_[a-z_0-9]+\.py)`", text)
+    assert len(set(tests)) >= 6
+    for name in tests:
+        assert (REPO / "tests" / "gpu" / name).is_file(), name
+    assert LIMITS["exact"] == (0.0, 1.0) and LIMITS["fast"] == (1e-2, 0.95)
+    assert "| `fast` | at most 1e-2 | at least 95% of positions |" in text
+
+
 def _options(command: click.Command) -> set[str]:
     return {opt for p in command.params for opt in getattr(p, "opts", [])}
 
