@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import re
 
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InternalError, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, mldsa
 
@@ -82,6 +82,8 @@ def _load_block(pem: bytes, encrypted: bool, passphrase: bytes | None, where: st
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         why = "wrong passphrase or damaged key" if encrypted else str(exc).splitlines()[0][:120]
         raise KeyFileError(f"cannot load the private key: {why}", where) from None
+    except InternalError:   # OpenSSL refused the key material (e.g. an X448 OID over 32 key bytes)
+        raise KeyFileError("cannot load the private key: OpenSSL rejects its key material", where) from None
     if alg_of(key) is None:
         raise KeyFileError(f"a {type(key).__name__}; kbpc signs with Ed25519 and ML-DSA-65 keys", where)
     return key
@@ -113,6 +115,8 @@ def _decode_legacy(data: bytes, source: str) -> dict[str, PrivateKey]:
                    else mldsa.MLDSA65PrivateKey.from_seed_bytes(raw))
         except ValueError as exc:
             raise KeyFileError(f"malformed {alg} private key: {exc}", where) from None
+        except InternalError:
+            raise KeyFileError(f"malformed {alg} private key: OpenSSL rejects its key material", where) from None
         if key_id(alg, key.public_key().public_bytes_raw()) != kid:
             raise KeyFileError(f"key_id {kid!r} does not match its private key", where)
         _add(found, alg, key, source)

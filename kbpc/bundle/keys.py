@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InternalError, InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519, mldsa
 
 from kbpc.bundle.keyfile import (LEGACY_FORMAT, KeyFileError, PrivateKey, check_key_item,
@@ -45,7 +45,10 @@ class PublicKey:
 
     @classmethod
     def from_raw(cls, alg: str, raw: bytes) -> "PublicKey":
-        _PUBLIC_CLASSES[alg].from_public_bytes(raw)  # ValueError on a malformed key
+        try:
+            _PUBLIC_CLASSES[alg].from_public_bytes(raw)  # ValueError on a malformed key
+        except InternalError:   # OpenSSL refused the key material
+            raise ValueError("OpenSSL rejects its key material") from None
         return cls(alg, key_id(alg, raw), raw)
 
     def verify(self, signature: bytes, data: bytes) -> bool:

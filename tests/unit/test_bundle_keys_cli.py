@@ -392,6 +392,19 @@ def test_untrusted_reason_is_printed_as_text_not_markup(bundle, keys):
     assert "signer [/] [bold]x[/bold] [link=file:///etc]y" in console.export_text()
 
 
+def test_key_material_openssl_rejects_is_a_clean_refusal(bundle, tmp_path):
+    """A PKCS#8 block whose algorithm OID says X448 over a 32-byte key (one character of an Ed25519
+    key's base64 changed; found by the hostile-input fuzzer with seed 777001): OpenSSL fails the key
+    setup and cryptography raises InternalError, which kbpc refuses as a bad key file (exit 2)."""
+    der = bytes.fromhex("302e020100300506032b656f04220420") + bytes(range(32))
+    path = tmp_path / "x448.pem"
+    path.write_text("-----BEGIN PRIVATE KEY-----\n" + base64.b64encode(der).decode() + "\n-----END PRIVATE KEY-----\n")
+    result = invoke(sign, bundle, "--key", path, "-o", tmp_path / "out.kbp")
+    assert result.exit_code == 2, result.output
+    assert "OpenSSL rejects its key material" in result.output and "internal error" not in result.output
+    assert not (tmp_path / "out.kbp").exists()
+
+
 def test_signing_key_from_the_environment(bundle, keys, tmp_path, monkeypatch):
     """CI: the key comes from KBPC_SIGNING_KEY, as a file path or as the PEM text of a secret."""
     monkeypatch.setenv("CI", "true")
