@@ -4,8 +4,8 @@ product's launchers (kbpc.testing.launchers) with the instances the lowerings em
 store, its fused select (scores + top-k + expansion) with the FP32 and the FP8 index cache (read
 back through the rotation; the `fast` forms: the codes against the rotated query, the FP32 keys on
 tensor cores), the split MLA decode, and a whole DSA layer's chain (latent write, store, select,
-decode) with programmatic dependent launch, the number issue 14's targets are stated in. Pool keys and latents
-are random (zeroed caches would make every score tie). See bench/kernels.py."""
+decode) with programmatic dependent launch, the number issue 14's targets are stated in. Pool keys
+and latents are random (zeroed caches would make every score tie). See bench/kernels.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -126,8 +126,8 @@ def _select_case(ctx: int, fp8: bool, qrot: bool = False, mma: bool = False) -> 
         sc, s, tau, blocks = _Scratch(pools), _i32(ctx), _i32(ctx - 1), _blocks(pools)
         return lambda i: run((blocks, 1, 1), (512, 1, 1), q, w, *sets[i % n], s, tau, sc.scores, sc.hist, sc.arrive,
                              sc.tokens, sync=False)
-    kind = ("fp8" if fp8 else "f32") + (" cache, rotated query" if qrot else " cache, tensor cores" if mma
-                                        else " cache")
+    form = ", rotated query" if qrot else ", tensor cores" if mma else ""
+    kind = ("fp8" if fp8 else "f32") + " cache" + form
     return Case(f"dsa_indexer::select ({kind}) @{ctx}", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
                 setup)
 

@@ -58,9 +58,11 @@ def _successors(device, deps: dict[int, set[int]]) -> dict[int, list[int]]:
     return succs
 
 
-def remaining_path_us(device, deps: dict[int, set[int]], costs: dict[int, float]) -> dict[int, float]:
-    """group id -> its cost plus the longest modelled path after it to the end of the step."""
-    succs = _successors(device, deps)
+def remaining_path_us(device, deps: dict[int, set[int]], costs: dict[int, float],
+                      succs: dict[int, list[int]] | None = None) -> dict[int, float]:
+    """group id -> its cost plus the longest modelled path after it to the end of the step (succs:
+    `_successors(device, deps)`, when the caller has it already)."""
+    succs = _successors(device, deps) if succs is None else succs
     rank: dict[int, float] = {}
     for g in reversed(device):   # device is in a topological order
         rank[g.id] = costs[g.id] + max((rank[x] for x in succs[g.id]), default=0.0)
@@ -71,13 +73,14 @@ def schedule_streams(plan: Plan) -> Plan:
     deps = group_dependencies(plan)
     costs = group_costs(plan)
     device = [g for g in plan.groups if g.where == "device" or g.family == "embed_copy"]
-    rank = remaining_path_us(device, deps, costs)
+    succs = _successors(device, deps)
+    rank = remaining_path_us(device, deps, costs, succs)
     heir = _heirs(device, deps, rank)
     finish: dict[int, float] = {}
     stream_of: dict[int, int] = {}
     tail: list[int | None] = []        # last group on each stream
     ready: list[float] = []            # when each stream is free
-    for g in _in_start_order(device, deps, rank, finish):
+    for g in _in_start_order(device, deps, succs, rank, finish):
         d = [x for x in deps[g.id] if x in finish]
         start_deps = max((finish[x] for x in d), default=0.0)
         critical = max(d, key=lambda x: finish[x]) if d else None
@@ -93,7 +96,7 @@ def schedule_streams(plan: Plan) -> Plan:
     return _emit(plan, device, deps, finish, stream_of, costs, rank, len(tail))
 
 
-def _in_start_order(device, deps, rank, finish):
+def _in_start_order(device, deps, succs, rank, finish):
     """The groups in list-scheduling order: next, of the groups whose producers are all placed, the
     one that can start first (its producers' modelled finish, read from `finish` once the caller has
     placed each yielded group; ties: the longer remaining path, then the blueprint's order), so a
@@ -101,7 +104,6 @@ def _in_start_order(device, deps, rank, finish):
     ids = {g.id for g in device}
     index = {g.id: i for i, g in enumerate(device)}
     producers = {g.id: {d for d in deps[g.id] if d in ids} for g in device}
-    succs = _successors(device, deps)
     unplaced = {gid: len(ds) for gid, ds in producers.items()}
     heap = [(0.0, -rank[g.id], index[g.id]) for g in device if not producers[g.id]]
     heapq.heapify(heap)

@@ -1,11 +1,20 @@
-"""Checks of a bounded (numerics `fast`) form of dsa_index_select against the reference, shared by
-the GPU tests of the rotated-query and the tensor-core forms (tests/gpu/test_gpu_dsa_fast.py,
-test_gpu_dsa_mma.py)."""
+"""Inputs and checks of the bounded (numerics `fast`) forms of dsa_index_select, shared by their
+bound tests (tests/reference/test_ref_dsa_rotated_bound.py, test_ref_dsa_bf16_bound.py) and GPU
+tests (tests/gpu/test_gpu_dsa_fast.py, test_gpu_dsa_mma.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 from kbpc.reference import dsa_indexer as dsa
+
+
+def spread_inputs(rng, heads: int, d: int, n: int, spread: float):
+    """(geo, keys (n, d), q (heads, d), raw (heads,)) float32, normal with per-row scales e^N(0, spread)
+    for the keys and e^N(0, spread / 2) for the queries (spread 0: unit scales)."""
+    geo = dsa.IndexerGeometry(head_dim=d, heads=heads, pool=4, topk_tokens=64)
+    keys = (rng.normal(size=(n, d)) * np.exp(rng.normal(0, spread, (n, 1)))).astype(np.float32)
+    q = (rng.normal(size=(heads, d)) * np.exp(rng.normal(0, spread / 2, (heads, 1)))).astype(np.float32)
+    return geo, keys, q, rng.normal(size=heads).astype(np.float32)
 
 
 def check_bounded_select(geo, got, ref, bound, tokens, k: int, n_tokens: int, tau: int) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kbpc.reference import dsa_indexer as dsa
+from kbpc.testing.dsa_select import spread_inputs
 
 F32 = np.float32
 
@@ -47,12 +48,8 @@ def _fast_scores(geo, q, raw_w, keys) -> np.ndarray:
 @pytest.mark.parametrize("heads,d", [(32, 128), (4, 64), (7, 32), (1, 128), (48, 64)])
 @pytest.mark.parametrize("spread", [0.0, 6.0])
 def test_model_within_bound(heads, d, spread):
-    rng = np.random.default_rng()
-    geo = dsa.IndexerGeometry(head_dim=d, heads=heads, pool=4, topk_tokens=64)
     n = 3000
-    keys = (rng.normal(size=(n, d)) * np.exp(rng.normal(0, spread, (n, 1)))).astype(F32)
-    q = (rng.normal(size=(heads, d)) * np.exp(rng.normal(0, spread / 2, (heads, 1)))).astype(F32)
-    raw = rng.normal(size=heads).astype(F32)
+    geo, keys, q, raw = spread_inputs(np.random.default_rng(), heads, d, n, spread)
     ref = dsa.index_scores(geo, q, raw, keys, seq_len=4 * n, tau=4 * n - 1)
     fast = _fast_scores(geo, q, raw, keys)
     bound = dsa.bf16_score_bound(geo, q, raw, keys)

@@ -13,6 +13,7 @@ from kbpc.reference import dsa_indexer as dsa
 from kbpc.reference.dsa_index_cache import dequantize_pool_keys, fwht, quantize_pool_keys
 from kbpc.reference.formats import e4m3_decode
 from kbpc.reference.fp32 import seq_sum, tree_sum
+from kbpc.testing.dsa_select import spread_inputs
 
 F32 = np.float32
 
@@ -36,12 +37,8 @@ def _fast_scores(geo, q, raw_w, codes, sigma) -> np.ndarray:
 @pytest.mark.parametrize("heads,d", [(32, 128), (4, 64), (7, 32), (1, 128)])
 @pytest.mark.parametrize("spread", [0.0, 6.0])
 def test_model_within_bound(heads, d, spread):
-    rng = np.random.default_rng()
-    geo = dsa.IndexerGeometry(head_dim=d, heads=heads, pool=4, topk_tokens=64)
     n = 3000
-    keys = (rng.normal(size=(n, d)) * np.exp(rng.normal(0, spread, (n, 1)))).astype(F32)
-    q = (rng.normal(size=(heads, d)) * np.exp(rng.normal(0, spread / 2, (heads, 1)))).astype(F32)
-    raw = rng.normal(size=heads).astype(F32)
+    geo, keys, q, raw = spread_inputs(np.random.default_rng(), heads, d, n, spread)
     codes, sigma = quantize_pool_keys(keys)
     ref = dsa.index_scores(geo, q, raw, dequantize_pool_keys(codes, sigma), seq_len=4 * n, tau=4 * n - 1)
     fast = _fast_scores(geo, q, raw, codes, sigma)
