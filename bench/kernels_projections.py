@@ -148,26 +148,29 @@ def w4a4_slots(name, n, k, slots, shared):
     return Case(f"w4a4_mx_static::moe_slots {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
-def w4a4_slots_launcher(name, n, k, slots, shared, fast=False):
+def w4a4_slots_launcher(name, n, k, slots, shared, fast=False, tiles=None):
     """The step's slot GEMV (w4a4_gemv_moe_slots, its own launch bounds) through the product
     launcher, on rows quantized once; "moe_slots" above is the same body built at 2 CTAs per SM.
-    fast: the numerics-fast form (FP32 accumulation)."""
+    fast: the numerics-fast form (FP32 accumulation); tiles: 16-row tiles a CTA (default: the
+    lowering's, w4a4_mx_static.slot_tiles)."""
+    from kbpc.codegen.families.w4a4_mx_static import slot_tiles  # noqa: PLC0415
     from kbpc.testing.instances import w4a4_moe_slots  # noqa: PLC0415
     wb, rows = slots * _nvfp4_bytes(n, k), 1 if shared else slots
+    tiles = slot_tiles(k, n) if tiles is None else tiles
 
     def setup():
         from kbpc.testing.gpu import to_gpu  # noqa: PLC0415
         from kbpc.testing.launchers import launcher  # noqa: PLC0415
-        run = launcher(w4a4_moe_slots(k, fast))
+        run = launcher(w4a4_moe_slots(k, fast, tiles))
         rot, wc, ws, sg, ids = _expert_stacks(slots, n, k)
         ac, asc, ag = _dev(rows * k // 2), _dev(rows * k // 16), to_gpu(np.ones(rows, np.float32))
         y = _dev(2 * slots * n)
 
         def launch(i, stream=None):
-            run((n // 16, slots), (256, 1, 1), ids[i % rot], slots // rows, ac, asc, ag, wc, ws, sg, y, n, pdl=True,
-                sync=False, stream=stream)
+            run((n // (16 * tiles), slots), (256, 1, 1), ids[i % rot], slots // rows, ac, asc, ag, wc, ws, sg, y, n,
+                pdl=True, sync=False, stream=stream)
         return launch
-    form = "fast step form" if fast else "step form"
+    form = ("fast step form" if fast else "step form") + (f", {tiles} tiles a CTA" if tiles > 1 else "")
     return Case(f"w4a4_mx_static::moe_slots ({form}) {name}", f"{slots}x {n}x{k} nvfp4", wb + 2 * slots * n, setup)
 
 
@@ -334,6 +337,7 @@ CASES = [
     w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_slots_launcher("moe gate_up (8 slots)", 4096, 4096, 8, True, fast=True),
     w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False, fast=True),
+    w4a4_slots_launcher("moe down (8 slots)", 4096, 2048, 8, False, fast=True, tiles=1),
     w4a4_slots_bf16("moe gate_up (8 slots)", 4096, 4096, 8, True),
     w4a4_slots_bf16("moe down (8 slots)", 4096, 2048, 8, False),
     w4a4_quant_swiglu(8, 2048),

@@ -60,7 +60,8 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     gu = to_bf16(RNG.standard_normal((top_k, 2 * k)).astype(np.float32) * np.float32(4.0))
     h = swiglu_clamp_rows(gu, LIMIT)
     gamma = np.float32(np.abs(h).max() / 2688)
-    quant, slots = w4a4_quant_swiglu_rows_static(k), w4a4_moe_slots(k)
+    tiles = w4a4_mx_static.slot_tiles(k, n)
+    quant, slots = w4a4_quant_swiglu_rows_static(k), w4a4_moe_slots(k, False, tiles)
     c, s, a = (gpu.poisoned((top_k, k // 2), np.uint8), gpu.poisoned((top_k, k // 16), np.uint8),
                gpu.poisoned((top_k,), np.float32))
     launcher(quant)(quant_swiglu_grid(k, top_k), (256, 1, 1), gpu.to_gpu(bf16_bits(gu)), LIMIT, gamma, c, s, a,
@@ -71,7 +72,7 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     assert np.array_equal(gpu.fetch(a, "g"), np.full(top_k, gamma, np.float32))
     wp, ws, wg = weights
     y = gpu.poisoned((top_k, n), np.uint16)
-    launcher(slots)((n // 16, top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
+    launcher(slots)((n // (16 * tiles), top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
                     gpu.to_gpu(wg), y, n, pdl=True)
     _assert_equal(gpu.fetch(y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids), f"pair n={n} k={k}")
 

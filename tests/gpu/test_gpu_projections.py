@@ -104,7 +104,7 @@ def instances():
     out += [ki.w4a4_quant_rows(k) for k in {*W4A4_QUANT_KS, *(k for _, k in W4A4_SHAPES)}]
     out += [ki.w4a4_quant_rows_static(k) for k in {*W4A4_QUANT_KS, *(k for _, k, *_ in W4A4_MOE_SHAPES)}]
     out += [ki.w4a4_gemv(k, f) for _, k in W4A4_SHAPES for f in (False, True)]
-    out += [ki.w4a4_moe_slots(k, f) for _, k, *_ in W4A4_MOE_SHAPES for f in (False, True)]
+    out += [ki.w4a4_moe_slots(k, f, t) for _, k, *_ in W4A4_MOE_SHAPES for f in (False, True) for t in (1, 2)]
     out += [ki.wxay_rowscale(k) for _, k in WXAY_SHAPES] + [ki.wxay_split(k) for k, _ in WXAY_SPLITS]
     out += [ki.w8a8_quant(k, f) for k in W8A8_KS for f in ("row", "g128") if f == "row" or k % 128 == 0]
     out += [ki.w8a8_quant(k, "row", s) for k in W8A8_KS for s in _w8a8_splits(k) if s > 1]
@@ -241,9 +241,14 @@ def test_w4a4_gemv(n, k, fast):
     _check_w4a4(g.fetch(y), ref_w4a4.w4a4_mx(x, packed, scales, sg)[0], bound, fast, "w4a4_gemv")
 
 
+@pytest.mark.parametrize("tiles", [1, 2])
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("n,k,experts,top_k,shared", W4A4_MOE_SHAPES)
-def test_w4a4_moe_slots(n, k, experts, top_k, shared, fast):
+def test_w4a4_moe_slots(n, k, experts, top_k, shared, fast, tiles):
+    """Each slot's row through its expert; tiles 16-row tiles a CTA (two: the lowering's form for
+    K <= 2048) compute the same bytes: exact the reference's, fast within its bound."""
+    if n % (16 * tiles):
+        pytest.skip(f"N = {n} is not a whole number of {tiles}-tile CTAs")
     g = _gpu()
     stack = [nvfp4_weight(n, k) for _ in range(experts)]
     wp = np.stack([p for p, _, _ in stack]); ws = np.stack([s for _, s, _ in stack])
@@ -255,8 +260,9 @@ def test_w4a4_moe_slots(n, k, experts, top_k, shared, fast):
     gamma = np.float32(np.abs(x).max() / 2688)
     c, s, a = _quant_rows(g, x, gamma)
     y = g.poisoned((top_k, n), np.uint16)
-    launcher(ki.w4a4_moe_slots(k, fast))((n // 16, top_k, 1), BLOCK, g.to_gpu(ids), np.int32(top_k if shared else 1),
-                                         c, s, a, g.to_gpu(wp), g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
+    launcher(ki.w4a4_moe_slots(k, fast, tiles))((n // (16 * tiles), top_k, 1), BLOCK, g.to_gpu(ids),
+                                                np.int32(top_k if shared else 1), c, s, a, g.to_gpu(wp),
+                                                g.to_gpu(ws), g.to_gpu(wg), y, np.int32(n))
     xin = x[0] if shared else x
     want = ref_w4a4s.w4a4_static_moe_slots(xin, gamma, wp, ws, wg, ids)
     q = ref_w4a4s.quantize_rows_static(x, gamma)

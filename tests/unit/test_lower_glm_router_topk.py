@@ -172,7 +172,9 @@ def test_router_expert_quant_launches(tiny_rq, tiny_default):
         quant_rows, plain_slots = lower_group(plain_ctx, apart)
         assert quant_rows.instance.kernel == f"kbp::w4a4_quant_rows_static<{h}>"
         assert all(_same_arg(a, b) for a, b in zip(route.args[-4:], quant_rows.args[1:], strict=True))
-        assert slots.instance == plain_slots.instance == w4a4_mx_static.slots_instance(h, fast=True)
+        n = ctx.output(expert).dim_value
+        want = w4a4_mx_static.slots_instance(h, fast=True, tiles=w4a4_mx_static.slot_tiles(h, n))
+        assert slots.instance == plain_slots.instance == want
         assert (slots.grid, slots.block, slots.smem, slots.nodes) == (
             plain_slots.grid, plain_slots.block, plain_slots.smem, (expert.id,))
         assert all(_same_arg(a, b) for a, b in zip(slots.args, plain_slots.args, strict=True))

@@ -65,7 +65,7 @@ def test_gate_up_pair(tiny_path, numerics, fast):
         assert pair.args[1] == lit(top_k) and pair.args[2:5] == route.args[-3:]   # the router's quantized row
         assert pair.args[8].value == pytest.approx(ctx.c.swiglu_limit)
         assert pair.args[10:] == rows
-        assert down.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}{fast}>"
+        assert down.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}, {'true' if fast else 'false'}, 2>"
         assert down.args[1] == lit(1) and down.args[2:5] == rows
         assert set(route.nodes) | set(pair.nodes) | set(down.nodes) == set(g.nodes)
         assert unwritten(plan, g, [route, pair, down]) == []

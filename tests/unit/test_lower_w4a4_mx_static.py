@@ -10,6 +10,7 @@ from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
 from kbpc.codegen.families import w4a4_mx_static
+from kbpc.testing.instances import template_args
 from kbpc.testing.lowering import family_groups, planned, unwritten
 
 BF = "__nv_bfloat16"
@@ -32,14 +33,19 @@ def _slots_instance(k):
 
 
 def test_numerics_pick_the_slot_form(tiny_path):
-    """Numerics exact runs the slot GEMV's exact form (FP64 chunk sums), fast its FP32 accumulation."""
-    for numerics, suffix in (("exact", ""), ("fast", ", true")):
+    """Numerics exact runs the slot GEMV's exact form (FP64 chunk sums), fast its FP32 accumulation;
+    both take slot_tiles(K, N) tiles a CTA, the grid covering N once."""
+    for numerics in ("exact", "fast"):
         plan, ctx = planned(str(tiny_path), numerics=numerics)
-        kernels = {launch.instance.kernel for g in family_groups(plan, "w4a4_mx_static")
-                   for launch in w4a4_mx_static.lower(ctx, g)}
-        slots = {kernel for kernel in kernels if "moe_slots" in kernel}
-        assert slots and all(kernel.endswith(f"{suffix}>") and kernel.count(",") == suffix.count(",")
-                             for kernel in slots), slots
+        slots = [launch for g in family_groups(plan, "w4a4_mx_static") for launch in w4a4_mx_static.lower(ctx, g)
+                 if "moe_slots" in launch.instance.kernel]
+        assert slots
+        for launch in slots:
+            _, (k, *rest) = template_args(launch.instance.kernel)
+            n = ctx.output(ctx.bp.node_by_id[launch.nodes[-1]]).dim_value
+            tiles = w4a4_mx_static.slot_tiles(k, n)
+            assert launch.instance.kernel == w4a4_mx_static.slots_instance(k, numerics == "fast", tiles).kernel
+            assert launch.grid[0] * 16 * tiles == n
 
 
 def test_fused_quant_then_slot_launches(tiny):
@@ -60,9 +66,10 @@ def test_fused_quant_then_slot_launches(tiny):
         gate_up = expert.op == "expert_gate_up"
         assert quant_launch.grid == (1 if gate_up else top_k, 1, 1)
         assert quant_launch.args == (ctx.buf(x), ctx.weight_value(expert, "input_scale"), *rows)
-        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{k}, true>"   # numerics fast
+        tiles = w4a4_mx_static.slot_tiles(k, n)
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{k}, true, {tiles}>" and tiles == 2  # fast
         assert slots.instance.params == _slots_instance(k)
-        assert slots.grid == (n // 16, top_k, 1) and slots.block == (256, 1, 1)
+        assert slots.grid == (n // 32, top_k, 1) and slots.block == (256, 1, 1)
         assert slots.args == (ctx.buf(ids, "const int"), lit(top_k if gate_up else 1), *rows, ctx.weight(expert),
                               ctx.weight(expert, "weight_scale"), ctx.weight(expert, "weight_scale_2", "float"),
                               ctx.buf(y), lit(n))
@@ -124,6 +131,6 @@ def test_swiglu_in_the_gate_up_epilogue(tiny_path):
         assert gate_up.args[9].value == pytest.approx(ctx.c.swiglu_limit)
         assert gate_up.args[10] == ctx.weight_value(down, "input_scale") and gate_up.args[11:14] == rows
         assert gate_up.args[14] == ctx.state(f"{gu_node.id}.arrive", "unsigned int")
-        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}, true>" and slots.args[1] == lit(1)
+        assert slots.instance.kernel == f"kbp::w4a4_gemv_moe_slots<{i}, true, 2>" and slots.args[1] == lit(1)
         assert slots.args[2:5] == rows and slots.nodes == (down.id,)
         assert unwritten(plan, g, [first, gate_up, slots]) == []
