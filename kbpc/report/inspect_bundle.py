@@ -70,6 +70,104 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+_FUSION_KINDS = 40  # refusal kinds listed; the rest are counted
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def step_line(step: Any) -> str:
+    """One line for the manifest's step record: launches, groups, streams, events, kernel instances,
+    the arena and the modelled critical path. Fields of an unexpected type are left out, anything
+    that is not a record is shown as it is (an untrusted bundle's manifest can hold anything);
+    the fusion report has its own tables (fusion_tables)."""
+    if not isinstance(step, dict):
+        return _text(step)
+    parts = []
+    launches, groups, streams = _int(step.get("launches")), _int(step.get("groups")), _int(step.get("streams"))
+    if launches is not None:
+        where = "".join((f" in {groups:,} groups" if groups is not None else "",
+                         f" on {streams} streams" if streams is not None else ""))
+        extra = [f"{n:,} {what}" for n, what in ((_int(step.get("events")), "events"),
+                                                 (_int(step.get("priority_launches")), "at high priority"))
+                 if n is not None]
+        parts.append(f"{launches:,} launches{where}" + (f" ({', '.join(extra)})" if extra else ""))
+    if _int(step.get("kernel_instances")) is not None:
+        parts.append(f"{step['kernel_instances']:,} kernel instances")
+    if _int(step.get("vocab")) is not None:
+        parts.append(f"vocabulary {step['vocab']:,}")
+    if _int(step.get("arena_bytes")) is not None:
+        parts.append(f"arena {human_bytes(step['arena_bytes'])}")
+    critical, serial = _num(step.get("critical_path_us")), _num(step.get("serial_us"))
+    if critical is not None:
+        parts.append(f"modelled critical path {critical:,.1f} us" + (f" (serial {serial:,.1f} us)" if serial is not None
+                                                                     else ""))
+    known = {"launches", "groups", "streams", "events", "priority_launches", "kernel_instances", "arena_bytes",
+             "critical_path_us", "serial_us", "fusion", "vocab"}
+    rest = {k: v for k, v in step.items() if k not in known}
+    if rest:
+        parts.append(_text(rest))
+    return "; ".join(parts) if parts else "-"
+
+
+def _fusion_parts(fusion: Any) -> tuple[dict, list] | None:
+    """(applied, left_apart) of a fusion record of the compiler's shape, else None."""
+    if not isinstance(fusion, dict):
+        return None
+    applied, left = fusion.get("applied"), fusion.get("left_apart")
+    return (applied, left) if isinstance(applied, dict) and isinstance(left, list) else None
+
+
+def fusion_line(fusion: Any) -> str | None:
+    """The fusion report in one line (None without one of the compiler's shape)."""
+    parts = _fusion_parts(fusion)
+    if parts is None:
+        return None
+    applied, left = parts
+    before, after = _int(fusion.get("launches_before")), _int(fusion.get("launches_after"))
+    merges = sum(n for n in applied.values() if _int(n) is not None)
+    head = f"{before:,} -> {after:,} launches per step; " if before is not None and after is not None else ""
+    return f"{head}{len(applied)} rules applied ({merges:,} merges), {len(left):,} candidates left apart"
+
+
+def fusion_tables(fusion: Any) -> list[Table]:
+    """The fusion report of the manifest's step record as tables: the rules applied (how often) and
+    the candidates left apart, one row per rule and reason. Empty when the record does not have the
+    compiler's shape (then the step row shows nothing of it)."""
+    parts = _fusion_parts(fusion)
+    if parts is None:
+        return []
+    applied, left = parts
+    done = Table(title="Fusion rules applied", title_justify="left")
+    done.add_column("rule")
+    done.add_column("merges", justify="right")
+    for rule, n in sorted(applied.items(), key=lambda kv: str(kv[0])):
+        done.add_row(cell(rule), cell(n))
+    kinds: dict[tuple[str, str], int] = defaultdict(int)
+    for record in left:
+        if isinstance(record, dict):
+            kinds[(str(record.get("rule", "?")), str(record.get("reason", "?")))] += 1
+    apart = Table(title="Fusion candidates left apart", title_justify="left")
+    apart.add_column("rule")
+    apart.add_column("times", justify="right")
+    apart.add_column("why")
+    ordered = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+    for (rule, reason), n in ordered[:_FUSION_KINDS]:
+        apart.add_row(cell(rule), f"{n:,}", cell(reason))
+    if len(ordered) > _FUSION_KINDS:
+        apart.add_row(f"… {len(ordered) - _FUSION_KINDS} more kinds", "", "")
+    return [done, apart] if ordered else [done]
+
+
+def _step_fusion(step: Any) -> Any:
+    return step.get("fusion") if isinstance(step, dict) else None
+
+
 UNTRUSTED_WARNING = ("UNTRUSTED: the signer is not in your trusted keyring, so the signatures were not "
                      "checked and this bundle may come from anyone; its members match its manifest. "
                      "Nothing in it was loaded. Trust its signer (--trust KEYRING) only if you know them.")
@@ -87,13 +185,16 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
         ("plan digest", _text(s["plan_digest"])), ("target", _text(s["target"])),
         ("numerics", _text(s["numerics"]) + ("" if s["act_quant"] is not False else
                                               ", activations unquantized (--no-act-quant: a debugging build)")),
-        ("tensor parallel", _text(s["tp_size"])), ("step", _text(s["step"])),
+        ("tensor parallel", _text(s["tp_size"])), ("step", step_line(s["step"])),
+        *([("fusion", line)] if (line := fusion_line(_step_fusion(s["step"]))) else []),
         ("toolchain", _text(s["toolchain"])),
         ("signed by", ", ".join(s["signers"]) + ("" if s["trusted"] else "  (UNTRUSTED, not verified)")),
         ("members", f"{s['member_count']:,} files, {human_bytes(s['total_member_bytes'])} "
                     f"(file {human_bytes(s['file_bytes'])})"),
     ]
     console.print(kv_table("Bundle", overview))
+    for table in fusion_tables(_step_fusion(s["step"])):
+        console.print(table)
     if s.get("tp"):
         render_tp(s["tp"], console)
     dirs = Table(title="Members by directory", title_justify="left")
