@@ -5,7 +5,13 @@ runs beside it on other streams. Each sublayer is named by the families launched
 boundaries (KDA or DSA attention, routed MoE, dense MLP); the table gives, per kind, the count and
 the median, lowest and highest span.
 
+With --chain, per kind also every launch of the sublayer in launch order (named by its rule, the
+n-th of that rule inside the sublayer) with the median time it ends after the opening boundary's
+end (and its stream): where along the sublayer each kernel finishes, e.g. the router, the gate/up,
+the quantizer, the down and the combine boundary of a MoE sublayer.
+
     python3 bench/timeline_layers.py TIMELINE.json [OTHER.json]   # two files: side by side
+    python3 bench/timeline_layers.py --chain TIMELINE.json [OTHER.json]
 """
 from __future__ import annotations
 
@@ -41,6 +47,56 @@ def sublayers(kernels: list[dict]) -> list[tuple[str, float]]:
     return out
 
 
+def launch_chains(kernels: list[dict]) -> list[tuple[str, list[tuple[str, int, float]]]]:
+    """(kind, [(launch key, stream, end us after the opening boundary's end)]) of every sublayer:
+    its launches in launch order, the closing boundary last; a launch's key is its rule (its
+    family where it has none) and which occurrence of that rule in the sublayer it is."""
+    out, last, families, rows, seen = [], None, set(), [], {}
+    for k in kernels:
+        name = k.get("rule") or k["family"]
+        end = k["start_us"] + k["dur_us"]
+        if last is not None:
+            seen[name] = seen.get(name, 0) + 1
+            rows.append((f"{name} #{seen[name]}", k.get("stream", -1), end - last))
+        if k["family"] == BOUNDARY:
+            if last is not None:
+                out.append((kind_of(families), rows))
+            last, families, rows, seen = end, set(), [], {}
+        elif last is not None:
+            families.add(k["family"])
+    return out
+
+
+def chain_table(path: str) -> dict[str, tuple[int, dict[str, tuple[int, float]]]]:
+    """kind -> (sublayers, {launch key: (stream, median end us)}), launch keys in first-seen order."""
+    by_kind: dict[str, list[list[tuple[str, int, float]]]] = {}
+    for kind, rows in launch_chains(json.load(open(path))["kernels"]):
+        by_kind.setdefault(kind, []).append(rows)
+    out = {}
+    for kind, layers in by_kind.items():
+        ends: dict[str, list[float]] = {}
+        streams: dict[str, int] = {}
+        for rows in layers:
+            for key, stream, end in rows:
+                ends.setdefault(key, []).append(end)
+                streams.setdefault(key, stream)
+        out[kind] = (len(layers), {key: (streams[key], statistics.median(v)) for key, v in ends.items()})
+    return out
+
+
+def print_chains(paths: list[str]) -> None:
+    tables = [chain_table(p) for p in paths]
+    kinds = [k for k, _ in KINDS] + ["other"]
+    for kind in (k for k in kinds if any(k in t for t in tables)):
+        counts = " / ".join(str(t[kind][0]) if kind in t else "0" for t in tables)
+        print(f"{kind} ({counts} sublayers): median end, us after the opening boundary ends")
+        keys = list(dict.fromkeys(key for t in tables if kind in t for key in t[kind][1]))
+        for key in keys:
+            cols = "".join(f"  s{t[kind][1][key][0]} {t[kind][1][key][1]:8.2f}" if kind in t and key in t[kind][1]
+                           else "  " + " " * 11 + "-" for t in tables)
+            print(f"  {key[:44]:44s}{cols}")
+
+
 def table(path: str) -> dict[str, tuple[int, float, float, float]]:
     """kind -> (sublayers, median, lowest, highest span us)."""
     spans: dict[str, list[float]] = {}
@@ -50,9 +106,14 @@ def table(path: str) -> dict[str, tuple[int, float, float, float]]:
 
 
 def main(argv: list[str]) -> int:
+    chain = "--chain" in argv
+    argv = [a for a in argv if a != "--chain"]
     if not 1 <= len(argv) <= 2:
         print(__doc__)
         return 2
+    if chain:
+        print_chains(argv)
+        return 0
     tables = [table(p) for p in argv]
     kinds = [k for k, _ in KINDS] + ["other"]
     for kind in (k for k in kinds if any(k in t for t in tables)):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from timeline_layers import kind_of, main, sublayers, table  # noqa: E402
+from timeline_layers import chain_table, kind_of, launch_chains, main, sublayers, table  # noqa: E402
 
 
 def _k(family, start, dur):
@@ -39,3 +39,22 @@ def test_table_and_side_by_side(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == ["kda", "dsa", "moe", "other"]
     assert all(line.count("median") == 2 for line in lines)
     assert main([]) == 2
+
+
+def test_chains_end_each_launch_after_the_opening_boundary(tmp_path, capsys):
+    """--chain: every launch of a sublayer by rule (its family without one) and occurrence, with the
+    time it ends after the opening boundary's end; medians over the sublayers of a kind."""
+    rules = dict(enumerate(["embed", "hc", "proj", "rec", "hc", "router", "shared", "down", "hc"]))
+    step = [dict(k, rule=rules.get(i, ""), stream=1 if rules.get(i) == "shared" else 0) for i, k in enumerate(STEP)]
+    chains = launch_chains(step)
+    assert [kind for kind, _ in chains] == ["kda attention", "moe", "dsa attention", "other"]
+    assert chains[0][1] == [("proj #1", 0, 9.5), ("rec #1", 0, 12.0), ("hc #1", 0, 14.0)]
+    assert chains[1][1] == [("router #1", 0, 4.0), ("shared #1", 1, 4.5), ("down #1", 0, 13.0), ("hc #1", 0, 16.0)]
+    assert chains[2][1] == [("glm_mla_decode #1", 0, 11.0), ("glm_mhc #1", 0, 13.0)]   # no rule: the family
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"kernels": step + [_k("w4a4_mx_static", 52.0, 20.0), _k("glm_mhc", 72.0, 2.0)]}))
+    moe = chain_table(str(path))["moe"]
+    assert moe[0] == 2 and moe[1]["w4a4_mx_static #1"] == (-1, 25.0) and moe[1]["hc #1"] == (0, 16.0)
+    assert main(["--chain", str(path), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "moe (2 / 2 sublayers)" in out and out.count("router #1") == 1
