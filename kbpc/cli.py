@@ -47,8 +47,10 @@ def inspect(blueprint: Path, as_json: bool, json_out: Path | None, bandwidth: fl
             tp: int, config_path: Path | None, trust_paths: tuple[Path, ...]) -> None:
     """Show what a blueprint holds (layers, ops, kernel families and launches, solved symbols,
     weight bytes by format, bytes read per decode token, bandwidth-floor tokens/s), or what a
-    .kbp bundle holds (manifest, signer, target, plan digest, member sizes). A bundle by a signer
-    you do not trust is shown under an UNTRUSTED warning; nothing in a bundle is loaded."""
+    .kbp bundle holds (manifest, signer, target, plan digest, the step's launches, streams and
+    modelled critical path, the fusion report: rules applied and candidates left apart with the
+    reason, member sizes). A bundle by a signer you do not trust is shown under an UNTRUSTED
+    warning; nothing in a bundle is loaded."""
     from kbpc.frontend.load import load_blueprint
     from kbpc.report.render import console
     from kbpc.runtime.select import is_bundle
