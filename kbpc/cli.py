@@ -417,7 +417,9 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: b
         plot_families(r, plot_path)
     if emit_report(r, as_json, json_out):
         return
-    click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}) at "
+    spread = r["step_ms_spread"]
+    click.echo(f"{r['tokens_per_s']:.1f} tok/s ({r['step_ms_median']:.3f} ms/step median of {r['runs']}, "
+               f"10-90% {spread['p10']:.3f}-{spread['p90']:.3f}) at "
                f"context {r['context']}; floor {r['floor_ms']:.3f} ms ({r['bytes_per_token'] / 1e9:.2f} GB/token "
                f"at {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s) = {100 * r['roofline_fraction']:.1f}% of "
                f"roofline; {r['launches_per_step']} launches")

@@ -7,6 +7,7 @@ groups ran one after another in launch order, so the trace lays them end to end,
 stream's track; the overlap the CUDA graph gets between streams is not in it."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,6 +34,16 @@ def _launch_order(plan: dict) -> list[dict]:
     return sorted(plan["schedule"], key=lambda s: s["position"])
 
 
+def step_spread_ms(seconds: tuple[float, ...]) -> dict[str, float]:
+    """The timed replays' spread in ms: the fastest, the 10th and 90th percentiles (nearest rank)
+    and the slowest, so a reader sees how far one step time is from the median it reports."""
+    ms = sorted(x * 1e3 for x in seconds)
+
+    def rank(q: float) -> float:
+        return ms[min(len(ms) - 1, max(0, math.ceil(q * len(ms)) - 1))]
+    return {"min": ms[0], "p10": rank(0.1), "p90": rank(0.9), "max": ms[-1]}
+
+
 def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Measurement) -> dict:
     family_of = {g["id"]: g["family"] for g in plan["groups"]}
     per_family: dict[str, float] = defaultdict(float)
@@ -48,7 +59,7 @@ def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Meas
         "schema": SCHEMA, "blueprint_id": run.blueprint_id, "plan_digest": run.plan_digest, "target": run.target,
         "device": m.device, "bandwidth": {"bytes_per_s": m.bandwidth, "source": m.bandwidth_source},
         "context": m.context, "runs": len(m.step_seconds),
-        "step_ms_median": median * 1e3, "tokens_per_s": 1.0 / median,
+        "step_ms_median": median * 1e3, "step_ms_spread": step_spread_ms(m.step_seconds), "tokens_per_s": 1.0 / median,
         "bytes_per_token": step_bytes, "floor_ms": floor_us / 1e3, "roofline_fraction": (floor_us / 1e6) / median,
         "launches_per_step": run.launches, "profiled_step_ms": float(sum(m.group_ms)),
         "families": {f: {"us": per_family[f], "groups": groups[f], "bytes": fbytes.get(f, 0.0),

@@ -13,7 +13,7 @@ import pytest
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options
 from kbpc.passes import run_pipeline
-from kbpc.runtime.bench_report import Measurement, bench_report, chrome_trace, plot_families
+from kbpc.runtime.bench_report import Measurement, bench_report, chrome_trace, plot_families, step_spread_ms
 from kbpc.runtime.run_manifest import RunManifest
 from kbpc.runtime.traffic import family_bytes
 
@@ -40,6 +40,7 @@ def test_report_adds_up_and_follows_the_schema(fake):
     report = bench_report(run, plan, fbytes, m)
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
     assert report["step_ms_median"] == pytest.approx(2.0)
+    assert report["step_ms_spread"] == pytest.approx({"min": 1.0, "p10": 1.0, "p90": 3.0, "max": 3.0})
     assert sum(f["us"] for f in report["families"].values()) == pytest.approx(1e3 * sum(m.group_ms))
     assert sum(f["groups"] for f in report["families"].values()) == len(m.group_ms)
     assert report["floor_ms"] == pytest.approx(sum(fbytes.values()) / 4.0e12 * 1e3)
@@ -80,3 +81,11 @@ def test_history_fills_an_fp32_latent_cache_with_values_not_codes():
     assert history_rule("l3.attn.kv_write.latent_cache", "f32") == (0, 1.0, 0.0)
     assert history_rule("l3.attn.index.pool_keys", "f32") == (0, 1.0, 0.0)
     assert history_rule("l0.kda.short_conv.window", "f32") is None
+
+
+def test_step_spread_by_nearest_rank():
+    """10th and 90th percentiles by nearest rank: of 20 replays the 2nd and the 18th fastest; one
+    replay is its own spread."""
+    twenty = tuple(i * 1e-3 for i in range(20, 0, -1))   # 20 .. 1 ms, in any order
+    assert step_spread_ms(twenty) == pytest.approx({"min": 1.0, "p10": 2.0, "p90": 18.0, "max": 20.0})
+    assert step_spread_ms((0.005,)) == pytest.approx({"min": 5.0, "p10": 5.0, "p90": 5.0, "max": 5.0})
