@@ -79,7 +79,7 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
     for (int i = 0; i < TILES; ++i)
         w4a4_load_rows<K>(w[i], w_codes + (ew + n0 + 16 * i) * (K / 2), w_scales + (ew + n0 + 16 * i) * (K / 16),
                           warp, lane);
-    const size_t row = (unsigned)slot / (unsigned)act_div;
+    const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     __syncthreads();
     float acc[TILES];

@@ -16,10 +16,10 @@ the routed clamped SwiGLU (rounded to BF16 as glm_swiglu_clamp stores it) and qu
 the same launch, or, with rule router_expert_quant, the fused router (glm_router_topk.py) quantizes
 them beside its GEMV and routed_slots serves the merged group's slot GEMV. w4a4_gemv_moe_slots then
 reads the rows: one or two 16-row tiles per CTA (slot_tiles), many small CTAs, which leaves room on
-every SM for the shared expert running beside it on another stream. With rule moe_gate_up_swiglu (opt-in) the
-gate/up launch also writes the down input (w4a4_gemv_moe_gate_up_swiglu: each slot's last CTA runs
-the SwiGLU + quantizer on the slot's [gate | up] row read back from L2), so a MoE layer's routed
-path is three launches (input quantizer, gate/up, down) instead of five.
+every SM for the shared expert running beside it on another stream. With rule moe_gate_up_swiglu
+(opt-in) the gate/up launch also writes the down input (w4a4_gemv_moe_gate_up_swiglu: each slot's
+last CTA runs the SwiGLU + quantizer on the slot's [gate | up] row read back from L2), so a MoE
+layer's routed path is three launches (input quantizer, gate/up, down) instead of five.
 Same bytes as the unfused chain in every form."""
 from __future__ import annotations
 
