@@ -47,9 +47,15 @@
 //          sequence on the same operands: the same bits); decay and beta epilogues as there.
 //   recurrence: kda_column_step (per-column FP32 sums in key order); o-norm: shuffle-down tree per
 //          32 columns, the DV/32 warp sums by a second shuffle-down tree, rsqrt(ss/DV + eps).
-// PDL: weights, taps, the state slice and the window rows are prefetched into L2 before pdl_wait()
-// (a prefetch reads nothing into the kernel); every load of them and every global write comes
-// after it; dependents are released after barrier #1.
+// PDL: before pdl_wait() the weights and taps are loaded, the window rows prefetched into L2 and
+// the state slice copied into shared memory (cp.async): the state and the window are this kernel's
+// own, no other kernel of the step writes them. Every load of a step input and every global write
+// comes after it; dependents are released after barrier #1.
+// Code size: a CTA has only COLS/32 warps and runs its code once, so instruction fetch bounds it
+// when the code is long and straight (measured with ncu on an H200: 7768 instructions, a third of
+// the stall samples waiting on instruction fetch, 44 us alone). The recurrence therefore runs as a
+// short loop over the shared-memory column and each token row is quantized by the whole warp:
+// 5200 instructions, instruction-fetch stalls 36% -> 9% of the samples, 19.4 us alone.
 // Entry point: the __global__ template only (its cluster shape is part of it); GPU tests launch it
 // through the product's launcher (kbpc.testing.launchers).
 #pragma once
@@ -203,12 +209,12 @@ __device__ __forceinline__ void kda_fused_load_weights(const KdaFusedParams& p,
 template <int HK, int HV, int DK, int DV, int KF, int KG, int CPH, typename Wts, typename Smem>
 __device__ __forceinline__ void kda_fused_gates(const KdaFusedParams& p,
                                                 const KdaFusedPlace<HK, HV, DK, DV, CPH>& at, const Wts& w,
-                                                Smem& sm, const uint4 (&rf)[KF / 128][4],
-                                                const uint4 (&rg)[KG / 128][4]) {
+                                                Smem& sm, const uint2 (&rf)[KF / 128],
+                                                const uint2 (&rg)[KG / 128]) {
     using Sp = KdaFusedSplit<HK, HV, DK, DV, CPH>;
     {
         uint32_t xq[KF / 128][8];
-        const float sa = __shfl_sync(0xffffffffu, quantize_token_raw<KF>(rf, xq), 0);
+        const float sa = quantize_row_warp<KF>(rf, at.g, at.t, xq);
 #pragma unroll
         for (int i = 0; i < Sp::TF; ++i) {
             const int tile = at.warp + i * Sp::WARPS, n0 = at.f_row0 + 16 * tile;
@@ -227,7 +233,7 @@ __device__ __forceinline__ void kda_fused_gates(const KdaFusedParams& p,
         }
     }
     uint32_t xq[KG / 128][8];
-    const float sa = __shfl_sync(0xffffffffu, quantize_token_raw<KG>(rg, xq), 0);
+    const float sa = quantize_row_warp<KG>(rg, at.g, at.t, xq);
 #pragma unroll
     for (int i = 0; i < Sp::TG; ++i) {
         const int tile = at.warp + i * Sp::WARPS, n0 = at.g_row0 + 16 * tile;
@@ -265,11 +271,9 @@ __device__ __forceinline__ float kda_fused_conv_gates(const KdaFusedParams& p,
             conv_window_load<W>(p.window + (long)at.qk_channel(ch) * W, qk_old[r]);
         }
     }
-    uint4 rf[KF / 128][4], rg[KG / 128][4];
-#pragma unroll
-    for (int c = 0; c < KF / 128; ++c) load_token_raw(p.xf, at.g == 0, c, at.t, rf[c]);
-#pragma unroll
-    for (int c = 0; c < KG / 128; ++c) load_token_raw(p.xg, at.g == 0, c, at.t, rg[c]);
+    uint2 rf[KF / 128], rg[KG / 128];
+    load_row_warp<KF>(p.xf, at.lane, rf);
+    load_row_warp<KG>(p.xg, at.lane, rg);
 
     conv_window_shift<W>(v_old, bf16_to_f32(xv), v_win);
     const float vj = round_bf16(conv_silu(conv_window_dot<W>(w.v_bias, v_win, w.v_taps)));
@@ -336,16 +340,15 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
     // (a prefetch reads nothing into the kernel).
     KdaFusedWeights<KF, KG, W, Sp::TF, Sp::TG, Sp::QK_PER_WARP> w;
     kda_fused_load_weights<HK, HV, DK, DV, KF, KG, W, CPH>(p, at, w);
-    prefetch_l2_rows(state_slice, (long)DV * 4, DK, COLS * 4, at.tid, COLS);
     prefetch_l2(p.window + (long)(at.vc - at.tid) * W, (size_t)COLS * W * 4, at.tid, COLS);
     for (int part = 0; part < 2; ++part)  // the key head's q and k channels
         prefetch_l2(p.window + (long)(part * HK * DK + at.hk * DK) * W, (size_t)DK * W * 4, at.tid, COLS);
-    pdl_wait();
-
-    // The state slice, copied to shared memory while the conv and the gates run.
+    // The state slice, copied to shared memory while the previous kernel drains and the conv and
+    // the gates run: the state is this kernel's own (no other kernel of the step writes it).
     for (int idx = at.tid; idx < DK * V4; idx += COLS)
         cp_async16(&sm.state[idx / V4][4 * (idx % V4)], state_slice + (long)(idx / V4) * DV + 4 * (idx % V4));
     cp_async_commit();
+    pdl_wait();
     float v_win[W];
     const float vj = kda_fused_conv_gates<HK, HV, DK, DV, KF, KG, W, CPH>(p, at, w, sm, v_win);
     const float beta = kda_beta_gate(bf16_to_f32(p.b[at.hv]));
@@ -361,7 +364,7 @@ __device__ __forceinline__ void kda_fused_decode_body(const KdaFusedParams& p) {
 
     // The recurrence on column j, in place in shared memory, then the o-norm's warp sum.
     KdaSmemColumn column{&sm.state[0][at.tid], COLS};
-    const float o = kda_column_step<DK>(column, sm.decay, sm.k, sm.q, vj, beta);
+    const float o = kda_column_step<DK, 2>(column, sm.decay, sm.k, sm.q, vj, beta);   // a short loop: see there
     if (p.core_out != nullptr) p.core_out[at.hv * DV + at.j] = o;
     const float sq = warp_sum_down(o * o);
     if (at.lane == 0) sm.on_part[at.warp] = sq;

@@ -236,6 +236,43 @@ __device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x
     }
 }
 
+// One token row by the whole warp, in two halves so that the caller can issue the loads with its
+// others: load_row_warp reads values c*128 + 4L .. +3 of every chunk c into lane L;
+// quantize_row_warp then forms s_a from the warp's exact max and the codes as quantize_rows_warp
+// does for its row 0 (the same scale and per-value expression as quantize_token_raw: the same
+// codes), handing lane (0, t) the words 8t .. 8t+7 of each chunk (lanes of g > 0 get zeros, the
+// MMA columns of absent tokens). Four divisions a lane instead of 32 per chunk.
+template <int K>
+__device__ __forceinline__ void load_row_warp(const __nv_bfloat16* x, int lane, uint2 (&raw)[K / 128]) {
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c) raw[c] = ld_step(reinterpret_cast<const uint2*>(x + c * 128 + 4 * lane));
+}
+template <int K>
+__device__ __forceinline__ float quantize_row_warp(const uint2 (&raw)[K / 128], int g, int t,
+                                                   uint32_t (&xq)[K / 128][8]) {
+    constexpr int KC = K / 128;
+    float v[KC][4], amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KC; ++c) {
+        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[c].x));
+        const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[c].y));
+        v[c][0] = a.x; v[c][1] = a.y; v[c][2] = b.x; v[c][3] = b.y;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[c][e]));
+    }
+    const float sa = token_scale_of_max(warp_max_xor(amax));
+#pragma unroll
+    for (int c = 0; c < KC; ++c) {
+        const uint32_t word = quantize4(v[c], sa);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const uint32_t got = __shfl_sync(0xffffffffu, word, 8 * t + w);
+            xq[c][w] = g == 0 ? got : 0u;
+        }
+    }
+    return sa;
+}
+
 // Everything that does not depend on the step's data is loaded before pdl_wait (the weight tile,
 // the row scales, the per-channel epilogue constants and e^A): the epilogue's loads would otherwise
 // sit between its stores, each a dependent round trip to memory.

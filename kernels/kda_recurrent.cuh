@@ -64,13 +64,18 @@ __device__ __forceinline__ void kda_stage_token(const __nv_bfloat16* q,
 // u = beta (v_j - kv); pass 2 recomputes s_i = e^g_i S[i] (the same bits), stores S'[i] = s_i + k_i u
 // and reads out o = sum_i S'[i] q^_i. s_decay = e^g, s_k = k, s_q = q * scale: DK floats each in
 // shared memory, 16-byte aligned. Both sums start from their first term (no +0.0: bit-exact
-// signed zeros).
-template <int DK, typename Column>
+// signed zeros). UNROLL (a divisor of DK / 4) is how many 4-row steps one loop iteration holds: a
+// register column needs all of them (its indices must be constants); a shared-memory column runs
+// a short loop instead, since a fully unrolled column is ~2000 straight-line instructions that a
+// CTA of few warps runs once, each fetched from beyond the instruction cache (measured: most of
+// the fused KDA kernel's time stalled on instruction fetch).
+template <int DK, int UNROLL = DK / 4, typename Column>
 __device__ __forceinline__ float kda_column_step(Column& S, const float* s_decay, const float* s_k,
                                                  const float* s_q, float vj, float beta) {
     static_assert(DK % 4 == 0, "the staged factors are read as float4");
+    static_assert(UNROLL >= 1 && (DK / 4) % UNROLL == 0, "whole loop iterations");
     float kv;
-#pragma unroll
+#pragma unroll UNROLL
     for (int i4 = 0; i4 < DK / 4; ++i4) {  // 16-byte shared loads: fewer live registers
         const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
         const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];
@@ -86,7 +91,7 @@ __device__ __forceinline__ float kda_column_step(Column& S, const float* s_decay
     // DK loads live in registers (no effect on a register column).
     asm volatile("" ::: "memory");
     float o;
-#pragma unroll
+#pragma unroll UNROLL
     for (int i4 = 0; i4 < DK / 4; ++i4) {
         const float4 d4 = reinterpret_cast<const float4*>(s_decay)[i4];
         const float4 k4 = reinterpret_cast<const float4*>(s_k)[i4];

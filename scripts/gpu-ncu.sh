@@ -7,6 +7,7 @@
 # disassembles the cubins named in CUBINS (paths in the tree).
 # NCU_ARGS adds options (e.g. "--warp-sampling-interval 0" for fine warp-stall sampling of a short kernel).
 # Usage: scripts/gpu-ncu.sh "moe_slots (step form) moe gate_up=w4a4_gemv_moe_slots" ...
+#   (CASE=REGEX splits at the last "=", so a case name may hold one, e.g. "seq_reg cols=128=kda_recurrent")
 #   REGEX matches the name the profiler sees: a case launched through the product launcher keeps the
 #   kernel's own name; a case built from its own extern "C" wrapper (bench/kernels_*.py's _mod) is
 #   named by that wrapper (e.g. "w4a16_mma::seg kda six=^s$").
@@ -17,7 +18,7 @@ W=/tmp/ncu-work; rm -rf "$W"; mkdir -p "$W/ncu" "$OUT"
 NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
 i=0
 for spec in "$@"; do
-    case_="${spec%%=*}"; regex="${spec#*=}"; i=$((i + 1))
+    case_="${spec%=*}"; regex="${spec##*=}"; i=$((i + 1))   # split at the last "=": case names hold "=" (cph=2)
     rep="$W/ncu/k$i"
     # shellcheck disable=SC2086
     timeout "${NCU_LIMIT:-150}" "$NCU" --set "${NCU_SET:-full}" ${NCU_ARGS:-} --target-processes all -k "regex:$regex" \

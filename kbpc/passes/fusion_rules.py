@@ -180,10 +180,11 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "(kernels/kda_fused.cuh): five launches become one, the packed row, the conv output, the "
                "gates and the recurrence output stay on chip", _kda_chain_fits,
                default=False,
-               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context: "
-                                  "7.27 ms a step with it vs 6.76-7.09 ms without; in the replayed step it takes "
-                                  "~30 us a layer against ~20 us for the five kernels, though alone 22.6 us "
-                                  "against 61.4 us)"),
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context, "
+                                  "replayed step 5696 us with it against 5358 us without: it ends 19.2 us after "
+                                  "the six-segment projection, the default conv_gates + recurrence_norm pair 8.9 "
+                                  "us); one profiled replay of a build with it stopped with an unspecified launch "
+                                  "failure whose cause was not found (bench/NOTES.md, fourteenth session)"),
     # After kda_chain (which, asked for, takes these groups first).
     FusionRule("kda_conv_gates", "kda_conv_gates",
                ("concat", "conv1d_update", "state_snapshot", "l2_norm", "act_quant", "linear:kda_f_b", "gdn_gates",
