@@ -422,7 +422,9 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: b
                f"10-90% {spread['p10']:.3f}-{spread['p90']:.3f}) at "
                f"context {r['context']}; floor {r['floor_ms']:.3f} ms ({r['bytes_per_token'] / 1e9:.2f} GB/token "
                f"at {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s) = {100 * r['roofline_fraction']:.1f}% of "
-               f"roofline; {r['launches_per_step']} launches")
+               f"roofline; {r['launches_per_step']} launches"
+               + (f", {r['graph_edges']['programmatic']} of the graph's {r['graph_edges']['total']} edges "
+                  "programmatic" if r.get("graph_edges") else ""))
     click.echo(f"device: {r['device']}; copy bandwidth {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s "
                f"({r['bandwidth']['source']})")
     table = Table(title=f"profiled step (serialized): {r['profiled_step_ms']:.3f} ms")

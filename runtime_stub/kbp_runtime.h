@@ -62,6 +62,9 @@ const char* kbp_last_error(void);
 // group_ms[i] = time of group i (launch order). The sequence position advances like kbp_step.
 int kbp_profile_step(KbpHandle* h, int token, int position, float* group_ms);
 void* kbp_stream(KbpHandle* h);                         // the stream a step runs on
+// The captured step graph's dependency edges: all of them, and how many are programmatic (the
+// kernel after them may start before the one before them ends: PDL). -1 without a graph.
+int kbp_graph_edges(KbpHandle* h, int* programmatic, int* total);
 
 // Tensor parallelism (runtime_stub/kbp_tp.cu, linked with NCCL into tp > 1 libraries only):
 // kbp_tp_init before kbp_create; the step's all-gathers go through kbp_tp_all_gather.

@@ -75,10 +75,11 @@ def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int
         times = timed_steps(backend, warmup, runs)
         group_ms = backend.profile_step(1)
         device = local_device(backend.cuda).describe()
+        edges = backend.graph_edges()
     finally:
         backend.close()
     return Measurement(context=start, step_seconds=tuple(times), group_ms=tuple(float(x) for x in group_ms),
-                       bandwidth=yardstick[0], bandwidth_source=yardstick[1], device=device)
+                       bandwidth=yardstick[0], bandwidth_source=yardstick[1], device=device, graph_edges=edges)
 
 
 def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,

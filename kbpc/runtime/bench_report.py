@@ -28,6 +28,7 @@ class Measurement:
     bandwidth: float                 # bytes/s, the floors' yardstick
     bandwidth_source: str
     device: str
+    graph_edges: tuple[int, int] | None = None   # (programmatic edges of the step graph, all its edges)
 
 
 def _launch_order(plan: dict) -> list[dict]:
@@ -61,7 +62,10 @@ def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Meas
         "context": m.context, "runs": len(m.step_seconds),
         "step_ms_median": median * 1e3, "step_ms_spread": step_spread_ms(m.step_seconds), "tokens_per_s": 1.0 / median,
         "bytes_per_token": step_bytes, "floor_ms": floor_us / 1e3, "roofline_fraction": (floor_us / 1e6) / median,
-        "launches_per_step": run.launches, "profiled_step_ms": float(sum(m.group_ms)),
+        "launches_per_step": run.launches,
+        "graph_edges": (None if m.graph_edges is None else
+                        {"programmatic": m.graph_edges[0], "total": m.graph_edges[1]}),
+        "profiled_step_ms": float(sum(m.group_ms)),
         "families": {f: {"us": per_family[f], "groups": groups[f], "bytes": fbytes.get(f, 0.0),
                          "floor_us": fbytes.get(f, 0.0) / per_us,
                          "fraction": (fbytes.get(f, 0.0) / per_us) / per_family[f] if per_family[f] else None}

@@ -60,6 +60,8 @@ def _load_library(path: Path) -> ctypes.CDLL:
     lib.kbp_destroy.argtypes = [ctypes.c_void_p]
     lib.kbp_last_error.restype = ctypes.c_char_p
     lib.kbp_profile_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    if hasattr(lib, "kbp_graph_edges"):   # libraries of earlier bundles lack it
+        lib.kbp_graph_edges.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     lib.kbp_fill_synthetic.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
                                        ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
@@ -109,6 +111,16 @@ class CudaBackend:
             raise DeviceError(f"creating the step failed: {self.lib.kbp_last_error().decode()}")
         self.position = 0
         self._logits = np.empty(self.vocab, np.uint16)
+
+    def graph_edges(self) -> tuple[int, int] | None:
+        """(programmatic edges of the captured step graph, all its edges); None without a graph or
+        in a library that does not report them (bundles built before kbp_graph_edges)."""
+        if not hasattr(self.lib, "kbp_graph_edges"):
+            return None
+        prog, total = ctypes.c_int(), ctypes.c_int()
+        if self.lib.kbp_graph_edges(self.handle, ctypes.byref(prog), ctypes.byref(total)) != 0:
+            return None
+        return prog.value, total.value
 
     def _check_memory(self, needed: int) -> None:
         free, total = self.cuda.mem_get_info()

@@ -38,6 +38,9 @@ def test_bench_writes_report_trace_and_plot(tmp_path, tiny_path):
     report = json.loads(result.stdout)
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
     assert report["bandwidth"]["source"].startswith("measured")
+    # The default build launches with PDL: capture made some of the step graph's edges programmatic.
+    edges = report["graph_edges"]
+    assert 0 < edges["programmatic"] <= edges["total"]
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e["ph"] == "X" for e in events) and any(e["name"] == "thread_name" for e in events)
     assert plot.read_bytes()[:4] == b"\x89PNG"

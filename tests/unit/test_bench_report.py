@@ -4,6 +4,7 @@ and the plot is a PNG. The GPU command that produces them for real is in the doc
 tests/gpu/test_gpu_bench.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def test_report_adds_up_and_follows_the_schema(fake):
     assert sum(f["groups"] for f in report["families"].values()) == len(m.group_ms)
     assert report["floor_ms"] == pytest.approx(sum(fbytes.values()) / 4.0e12 * 1e3)
     assert report["bandwidth"]["source"] == "given (--bandwidth)"
+    assert report["graph_edges"] is None   # the made-up measurement has no captured graph
+
+
+def test_report_carries_the_graph_edges(fake):
+    """What kbp_graph_edges reported of the captured step (programmatic edges, all edges) goes into
+    the report as it came, and the report still follows the schema."""
+    bp, plan, m, run = fake
+    report = bench_report(run, plan, family_bytes(bp, plan, m.context), dataclasses.replace(m, graph_edges=(817, 903)))
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    assert report["graph_edges"] == {"programmatic": 817, "total": 903}
 
 
 def test_trace_has_a_track_per_stream_and_the_groups_end_to_end(fake):
