@@ -95,15 +95,6 @@ __host__ __device__ constexpr int kda_fused_blocks() {
 template <int HK, int HV, int DK, int DV, int CPH>
 __host__ __device__ constexpr int kda_fused_threads() { return KdaFusedSplit<HK, HV, DK, DV, CPH>::COLS; }
 
-// Prefetch rows [0, rows) of row_bytes each, row_stride_bytes apart, into L2 (128-byte lines).
-__device__ __forceinline__ void prefetch_l2_rows(const void* base, long row_stride_bytes, int rows,
-                                                 int row_bytes, int tid, int nthreads) {
-    const int lines = (row_bytes + 127) / 128;
-    for (int i = tid; i < rows * lines; i += nthreads)
-        prefetch_l2(static_cast<const char*>(base) + (long)(i / lines) * row_stride_bytes + (i % lines) * 128,
-                    1, 0, 1);
-}
-
 // (cp_async16 / cp_async_commit / cp_async_wait_all: kbp_common.cuh)
 // The last cluster barrier only keeps shared memory alive for the other CTAs' reads, whose values
 // were consumed before it: no memory ordering (a release would wait for every pending store). Not

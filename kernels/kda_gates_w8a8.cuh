@@ -60,36 +60,8 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
            ((uint32_t)f32_to_e4m3(c) << 16) | ((uint32_t)f32_to_e4m3(d) << 24);
 }
 
-// This lane's 32 values of chunk c of a token row as raw BF16 (zeros for a padding token).
-__device__ __forceinline__ void load_token_raw(const __nv_bfloat16* row, bool live, int c,
-                                               int t, uint4 (&raw)[4]) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w)
-        raw[w] = live ? reinterpret_cast<const uint4*>(row + c * 128 + 32 * t)[w] : make_uint4(0, 0, 0, 0);
-}
-
-__device__ __forceinline__ void unpack_token_raw(const uint4 (&raw)[4], float (&v)[32]) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[w]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 f = __bfloat1622float2(p[e]);
-            v[8 * w + 2 * e] = f.x;
-            v[8 * w + 2 * e + 1] = f.y;
-        }
-    }
-}
-
 // s_a from a token row's exact max |x|.
 __device__ __forceinline__ float token_scale_of_max(float amax) { return fmaxf(amax / 448.0f, 1e-12f); }
-
-// s_a from this lane's max |x| (the four lanes of a token combine their maxima: an exact max).
-__device__ __forceinline__ float token_scale(float amax) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    return token_scale_of_max(amax);
-}
 
 // E4M3 codes of 4 values v / s_a (clamped to +-448), packed lowest k in the low byte.
 __device__ __forceinline__ uint32_t quantize4(const float* v, float sa) {
@@ -97,34 +69,6 @@ __device__ __forceinline__ uint32_t quantize4(const float* v, float sa) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) q[e] = fminf(fmaxf(v[e] / sa, -448.0f), 448.0f);
     return e4m3x4(q[0], q[1], q[2], q[3]);
-}
-
-// E4M3 codes of 32 values, packed 4 per word, lowest k in the low byte.
-__device__ __forceinline__ void quantize_chunk(const float (&v)[32], float sa, uint32_t (&xq)[8]) {
-#pragma unroll
-    for (int w = 0; w < 8; ++w) xq[w] = quantize4(v + 4 * w, sa);
-}
-
-// Quantize this lane's 32 values per chunk of a token row already in registers (load_token_raw
-// per chunk): s_a from the exact row max, then the codes.
-template <int K>
-__device__ __forceinline__ float quantize_token_raw(const uint4 (&raw)[K / 128][4], uint32_t (&xq)[K / 128][8]) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int c = 0; c < K / 128; ++c) {
-        float v[32];
-        unpack_token_raw(raw[c], v);
-#pragma unroll
-        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
-    }
-    const float sa = token_scale(amax);
-#pragma unroll
-    for (int c = 0; c < K / 128; ++c) {
-        float v[32];
-        unpack_token_raw(raw[c], v);
-        quantize_chunk(v, sa, xq[c]);
-    }
-    return sa;
 }
 
 // One lane's weight bytes of a 16-row tile: rows n0+g (lo) and n0+g+8 (hi), 32 bytes per chunk.
@@ -192,7 +136,7 @@ __device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + 
 // Per-token quantization by the whole warp (the launch's latency path): lane L quantizes values
 // c*128 + 4L .. +3 of every chunk c of row r into one code word, then lane (g, t) collects the
 // eight words 8t .. 8t+7 of each chunk of its own token g with shuffles. The same scale and the
-// same per-value expression as quantize_token_raw, so the same codes; rows g >= m stay zero.
+// same per-value expression as kbpc.reference.kda_gates_w8a8, so the same codes; rows g >= m stay zero.
 // sa[r] is token r's scale (every lane holds all m of them).
 template <int K>
 __device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x_stride, int m, int g,
@@ -239,9 +183,9 @@ __device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x
 // One token row by the whole warp, in two halves so that the caller can issue the loads with its
 // others: load_row_warp reads values c*128 + 4L .. +3 of every chunk c into lane L;
 // quantize_row_warp then forms s_a from the warp's exact max and the codes as quantize_rows_warp
-// does for its row 0 (the same scale and per-value expression as quantize_token_raw: the same
-// codes), handing lane (0, t) the words 8t .. 8t+7 of each chunk (lanes of g > 0 get zeros, the
-// MMA columns of absent tokens). Four divisions a lane instead of 32 per chunk.
+// does for its row 0 (the same scale and per-value expression: the same codes), handing lane
+// (0, t) the words 8t .. 8t+7 of each chunk (lanes of g > 0 get zeros, the MMA columns of absent
+// tokens). Four divisions a lane, where one lane quantizing its 32 values of a chunk made 32.
 template <int K>
 __device__ __forceinline__ void load_row_warp(const __nv_bfloat16* x, int lane, uint2 (&raw)[K / 128]) {
 #pragma unroll
