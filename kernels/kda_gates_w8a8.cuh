@@ -133,67 +133,19 @@ __device__ __forceinline__ float kda_decay_gate(float f, float a_log, float dt_b
 }
 __device__ __forceinline__ float kda_beta_gate(float b) { return 1.0f / (1.0f + kbp::exp_f32(-b)); }
 
-// Per-token quantization by the whole warp (the launch's latency path): lane L quantizes values
-// c*128 + 4L .. +3 of every chunk c of row r into one code word, then lane (g, t) collects the
-// eight words 8t .. 8t+7 of each chunk of its own token g with shuffles. The same scale and the
-// same per-value expression as kbpc.reference.kda_gates_w8a8, so the same codes; rows g >= m stay zero.
-// sa[r] is token r's scale (every lane holds all m of them).
-template <int K>
-__device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x_stride, int m, int g,
-                                                   int t, int lane, uint32_t (&xq)[K / 128][8],
-                                                   float (&sa)[8]) {
-    constexpr int KC = K / 128;
-#pragma unroll
-    for (int c = 0; c < KC; ++c)
-#pragma unroll
-        for (int w = 0; w < 8; ++w) xq[c][w] = 0u;
-    uint2 raw[8][KC];  // every row's loads in flight at once
-#pragma unroll
-    for (int r = 0; r < 8; ++r)
-#pragma unroll
-        for (int c = 0; c < KC; ++c)
-            raw[r][c] = r < m ? ld_step(reinterpret_cast<const uint2*>(x + (long)r * x_stride + c * 128 + 4 * lane))
-                              : make_uint2(0u, 0u);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        sa[r] = 1.0f;
-        if (r >= m) continue;  // warp-uniform
-        float v[KC][4], amax = 0.0f;
-#pragma unroll
-        for (int c = 0; c < KC; ++c) {
-            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[r][c].x));
-            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[r][c].y));
-            v[c][0] = a.x; v[c][1] = a.y; v[c][2] = b.x; v[c][3] = b.y;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(v[c][e]));
-        }
-        sa[r] = token_scale_of_max(warp_max_xor(amax));
-#pragma unroll
-        for (int c = 0; c < KC; ++c) {
-            const uint32_t word = quantize4(v[c], sa[r]);
-#pragma unroll
-            for (int w = 0; w < 8; ++w) {
-                const uint32_t got = __shfl_sync(0xffffffffu, word, 8 * t + w);
-                if (g == r) xq[c][w] = got;
-            }
-        }
-    }
-}
-
-// One token row by the whole warp, in two halves so that the caller can issue the loads with its
-// others: load_row_warp reads values c*128 + 4L .. +3 of every chunk c into lane L;
-// quantize_row_warp then forms s_a from the warp's exact max and the codes as quantize_rows_warp
-// does for its row 0 (the same scale and per-value expression: the same codes), handing lane
-// (0, t) the words 8t .. 8t+7 of each chunk (lanes of g > 0 get zeros, the MMA columns of absent
-// tokens). Four divisions a lane, where one lane quantizing its 32 values of a chunk made 32.
+// One token row by the whole warp: lane L holds values c*128 + 4L .. +3 of every chunk c
+// (load_row_warp, apart so that a caller can issue the loads with its others); row_words_warp forms
+// s_a from the warp's exact max (every lane returns it) and lane L's E4M3 code word of each chunk.
+// The same scale and per-value expression as kbpc.reference.kda_gates_w8a8, so the same codes; a
+// lane then collects the words 8t .. 8t+7 of each chunk of its token with shuffles. Four divisions
+// a lane, where one lane quantizing 32 values of a chunk alone made 32.
 template <int K>
 __device__ __forceinline__ void load_row_warp(const __nv_bfloat16* x, int lane, uint2 (&raw)[K / 128]) {
 #pragma unroll
     for (int c = 0; c < K / 128; ++c) raw[c] = ld_step(reinterpret_cast<const uint2*>(x + c * 128 + 4 * lane));
 }
 template <int K>
-__device__ __forceinline__ float quantize_row_warp(const uint2 (&raw)[K / 128], int g, int t,
-                                                   uint32_t (&xq)[K / 128][8]) {
+__device__ __forceinline__ float row_words_warp(const uint2 (&raw)[K / 128], uint32_t (&word)[K / 128]) {
     constexpr int KC = K / 128;
     float v[KC][4], amax = 0.0f;
 #pragma unroll
@@ -206,15 +158,60 @@ __device__ __forceinline__ float quantize_row_warp(const uint2 (&raw)[K / 128], 
     }
     const float sa = token_scale_of_max(warp_max_xor(amax));
 #pragma unroll
-    for (int c = 0; c < KC; ++c) {
-        const uint32_t word = quantize4(v[c], sa);
+    for (int c = 0; c < KC; ++c) word[c] = quantize4(v[c], sa);
+    return sa;
+}
+
+// One token's codes as the MMA's column 0: lane (0, t) gets the words 8t .. 8t+7 of each chunk,
+// lanes of g > 0 zeros (the columns of absent tokens). Returns s_a.
+template <int K>
+__device__ __forceinline__ float quantize_row_warp(const uint2 (&raw)[K / 128], int g, int t,
+                                                   uint32_t (&xq)[K / 128][8]) {
+    uint32_t word[K / 128];
+    const float sa = row_words_warp<K>(raw, word);
+#pragma unroll
+    for (int c = 0; c < K / 128; ++c)
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-            const uint32_t got = __shfl_sync(0xffffffffu, word, 8 * t + w);
+            const uint32_t got = __shfl_sync(0xffffffffu, word[c], 8 * t + w);
             xq[c][w] = g == 0 ? got : 0u;
         }
-    }
     return sa;
+}
+
+// Per-token quantization of m <= 8 rows by the whole warp (the launch's latency path): every
+// row's loads in flight at once, then row_words_warp per row; lane (g, t) ends with token g's
+// words, rows g >= m stay zero. sa[r] is token r's scale (every lane holds all m of them).
+template <int K>
+__device__ __forceinline__ void quantize_rows_warp(const __nv_bfloat16* x, int x_stride, int m, int g,
+                                                   int t, int lane, uint32_t (&xq)[K / 128][8],
+                                                   float (&sa)[8]) {
+    constexpr int KC = K / 128;
+#pragma unroll
+    for (int c = 0; c < KC; ++c)
+#pragma unroll
+        for (int w = 0; w < 8; ++w) xq[c][w] = 0u;
+    uint2 raw[8][KC];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int c = 0; c < KC; ++c)
+            raw[r][c] = r < m ? ld_step(reinterpret_cast<const uint2*>(x + (long)r * x_stride + c * 128 + 4 * lane))
+                              : make_uint2(0u, 0u);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        sa[r] = 1.0f;
+        if (r >= m) continue;  // warp-uniform
+        uint32_t word[KC];
+        sa[r] = row_words_warp<K>(raw[r], word);
+#pragma unroll
+        for (int c = 0; c < KC; ++c)
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+                const uint32_t got = __shfl_sync(0xffffffffu, word[c], 8 * t + w);
+                if (g == r) xq[c][w] = got;
+            }
+    }
 }
 
 // Everything that does not depend on the step's data is loaded before pdl_wait (the weight tile,
