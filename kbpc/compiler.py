@@ -178,13 +178,23 @@ def _members(req: CompileRequest, raw: dict, plan: Plan, rank_sources: list[Sour
 
 
 def _includes(sources: Sources) -> set[str]:
-    """kernels/ headers the instance headers include (one level is all kernels/ uses)."""
-    found = set()
-    for header in sources.step.headers:
-        for line in (KERNELS_DIR / header).read_text().splitlines():
-            if line.startswith('#include "'):
-                found.add(line.split('"')[1])
-    return {h for h in found if (KERNELS_DIR / h).exists()}
+    """Every kernels/ header the generated sources include, directly or through another header, so
+    the bundle's src/ rebuilds on its own (glm_mhc_boundary.cuh -> glm_mhc.cuh -> glm_moe_combine.cuh)."""
+    pending = list(sources.step.headers)
+    for text in sources.files.values():
+        pending += _quoted_includes(text)
+    found: set[str] = set()
+    while pending:
+        header = pending.pop()
+        if header in found or not (KERNELS_DIR / header).is_file():
+            continue
+        found.add(header)
+        pending += _quoted_includes((KERNELS_DIR / header).read_text())
+    return found
+
+
+def _quoted_includes(text: str) -> list[str]:
+    return [line.split('"')[1] for line in text.splitlines() if line.startswith('#include "')]
 
 
 def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildResult,

@@ -59,6 +59,17 @@ def test_tiny_compiles_verifies_and_reproduces(tiny_bundle, tiny_path, keys, cac
     assert any(m["path"] == "lib/rank0/libkbp.so" for m in manifest["members"])
 
 
+def test_bundle_sources_hold_every_header_they_include(tiny_bundle):
+    """src/ rebuilds on its own: every quoted #include of a shipped source or header names a shipped
+    header, also two levels down (glm_mhc_boundary.cuh -> glm_mhc.cuh -> glm_moe_combine.cuh)."""
+    files = members(tiny_bundle)
+    shipped = {Path(n).name for n in files if n.startswith("src/")}
+    included = {line.split('"')[1] for n, data in files.items() if n.startswith("src/")
+                for line in data.decode().splitlines() if line.startswith('#include "')}
+    assert "glm_moe_combine.cuh" in included
+    assert included <= shipped, sorted(included - shipped)
+
+
 def test_tiny_for_sm121(tiny_path, keys, cache, tmp_path):
     out = tmp_path / "tiny121.kbp"
     compile_(tiny_path, out, keys, cache, "--target", "sm_121")
