@@ -66,14 +66,15 @@ __device__ __forceinline__ float rank_sum(const RankParts<R>& parts, size_t idx)
 // rank sum of R BF16 partials, or (MoeCombineIn<K>, R == 1) the MoE combine of K routed slots and
 // the shared expert computed in place, rn_bf16 of moe_combine_sums (glm_moe_combine.cuh): the
 // bytes the blend would have stored, widened.
-template <int VEC, int R>
+// EAGER: moe_combine_sums's loads-first form (false in the 64-register head kernel).
+template <int VEC, bool EAGER = true, int R>
 __device__ __forceinline__ void branch_u(const RankParts<R>& b, int d, size_t t, int k0, float (&u)[VEC]) {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) u[v] = rank_sum<R>(b, t * d + k0 + v);
 }
-template <int VEC, int K>
+template <int VEC, bool EAGER = true, int K>
 __device__ __forceinline__ void branch_u(const MoeCombineIn<K>& b, int d, size_t t, int k0, float (&u)[VEC]) {
-    moe_combine_sums<K, VEC>(b, d, t, k0, u);
+    moe_combine_sums<K, VEC, EAGER>(b, d, t, k0, u);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) u[v] = round_bf16(u[v]);
 }

@@ -504,7 +504,7 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
         const int pr = tid + s * THREADS;
         if (pr >= PAIRS) break;
         float hv[2], u[2];
-        if constexpr (POST) branch_u<2>(p.parts, D, t, 2 * pr, u);
+        if constexpr (POST) branch_u<2, false>(p.parts, D, t, 2 * pr, u);   // 1024 threads: 64 registers
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int k = 2 * pr + e;

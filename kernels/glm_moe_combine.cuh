@@ -37,21 +37,52 @@ struct MoeCombineIn {
 
 // The FP32 value the combine rounds, at elements i0 .. i0+VEC-1 of token t (row width d):
 // acc = +0; acc = fl(acc + fl(w * e)) over the live slots in slot order; acc + sh. y = rn_bf16 of it.
-template <int K, int VEC>
+// EAGER (the default): every load is issued before the first add. With a load and its add per slot,
+// slot k + 1's row waited for slot k's sum (K dependent L2 round trips); on an H200 the MoE combine
+// boundary then ended 0.5 us later. In slot order each slot's row is a row of this launch, so it is
+// read live or not (a dead slot's bytes are never used); an indexed slot's row is read only when the
+// slot is live (its index may be anything). !EAGER keeps one slot's row at a time: for a caller
+// capped at 64 registers a thread (1024-thread CTAs), where K rows in flight spill.
+template <int K, int VEC, bool EAGER = true>
 __device__ __forceinline__ void moe_combine_sums(const MoeCombineIn<K>& in, int d, size_t t, int i0,
                                                  float (&out)[VEC]) {
+    using Row = CombineBF16Vec<VEC>;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) out[v] = 0.0f;
+    if constexpr (EAGER) {
+        bool live[K];
+        float w[K];
+        Row e[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        if (in.ids != nullptr && in.ids[t * K + k] < 0) continue;
-        const float w = in.weights[t * K + k];
-        const size_t row = in.slot_rows != nullptr ? (size_t)in.slot_rows[t * K + k] : t * K + k;
-        const auto e = *reinterpret_cast<const CombineBF16Vec<VEC>*>(in.expert_out + row * d + i0);
+        for (int k = 0; k < K; ++k) {
+            live[k] = in.ids == nullptr || in.ids[t * K + k] >= 0;
+            w[k] = in.weights[t * K + k];
+        }
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) out[v] = out[v] + w * bf16_to_f32(e.v[v]);
+        for (int k = 0; k < K; ++k) {
+            if (in.slot_rows == nullptr)
+                e[k] = *reinterpret_cast<const Row*>(in.expert_out + (t * K + k) * d + i0);
+            else if (live[k])
+                e[k] = *reinterpret_cast<const Row*>(in.expert_out + (size_t)in.slot_rows[t * K + k] * d + i0);
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (!live[k]) continue;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out[v] = out[v] + w[k] * bf16_to_f32(e[k].v[v]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (in.ids != nullptr && in.ids[t * K + k] < 0) continue;
+            const float w = in.weights[t * K + k];
+            const size_t row = in.slot_rows != nullptr ? (size_t)in.slot_rows[t * K + k] : t * K + k;
+            const auto e = *reinterpret_cast<const Row*>(in.expert_out + row * d + i0);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out[v] = out[v] + w * bf16_to_f32(e.v[v]);
+        }
     }
-    const auto sh = *reinterpret_cast<const CombineBF16Vec<VEC>*>(in.shared + t * d + i0);
+    const auto sh = *reinterpret_cast<const Row*>(in.shared + t * d + i0);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) out[v] = out[v] + bf16_to_f32(sh.v[v]);
 }

@@ -35,9 +35,9 @@
 // `arrive` (kbp::last_to_arrive: CTA barrier, fence, atomic add); the last CTA to arrive resets it,
 // stages every token's logits from L2 in shared memory and runs router_topk_row on them. No CTA
 // ever waits for another, so it cannot hang.
-// With the quantizer, each CTA of token t quantizes, after its GEMV (after pdl_wait), the 16-value
-// groups j = blockIdx.x * THREADS + threadIdx.x (+ gridDim.x * THREADS ...) of row t with
-// nvfp4_quant_row_group, the device function w4a4_quant_rows_static's nvfp4_quant_row applies.
+// With the quantizer, each CTA of token t quantizes, after its GEMV (after pdl_wait), values
+// i = blockIdx.x * THREADS + threadIdx.x (+ gridDim.x * THREADS ...) of row t, a 16-value group to 16
+// lanes (nvfp4_quant_group_lanes: the group scale and codes w4a4_quant_rows_static writes).
 #pragma once
 
 #include <math.h>
@@ -193,21 +193,30 @@ router_gemv_topk(const __nv_bfloat16* w, const __nv_bfloat16* x,
     router_topk_tail<E, K, OPC>(bias, routed_scale, logits, arrive, weights, ids);
 }
 
-// This CTA's share of token blockIdx.y's NVFP4 quantization with the static scale gamma: the
-// H / 16 groups spread over the token's gridDim.x CTAs by global thread index, each group as
-// nvfp4_quant_row(..., gamma) quantizes it (the same device function, gamma and 1/gamma), so
-// codes, scales and a_g[t] = gamma are w4a4_quant_rows_static's bytes. Call after pdl_wait.
+// This CTA's share of token blockIdx.y's NVFP4 quantization with the static scale gamma: value i
+// of row t goes to thread i - cta * THREADS (+ ctas * THREADS ...), each group of 16 values to 16
+// consecutive lanes (nvfp4_quant_group_lanes: nvfp4_quant_row's group scale and codes, spread so a
+// lane pays one value's division, not sixteen), so codes, scales and a_g[t] = gamma are
+// w4a4_quant_rows_static's bytes. Only the CTAs that hold values take part (the first H / THREADS),
+// one value a thread: their arrival, which the top-k waits for, is then about as early as the
+// others'. With 16 values a thread in two CTAs the router ended 2.6 us later in the step (H200,
+// 128-expert seed shrink, replay timeline). Running the quantizer in extra warps beside the GEMV
+// ended the router another 1.1 us sooner, but not the gate/up GEMV after it (0.5 us later).
 template <int H, int THREADS>
 __device__ __forceinline__ void router_quant_share(const __nv_bfloat16* x, float gamma, uint8_t* a_codes,
                                                    uint8_t* a_scales, float* a_g, int cta = blockIdx.x,
                                                    int ctas = gridDim.x, int tok = blockIdx.y) {
-    static_assert(H % 16 == 0, "NVFP4 groups are 16 values");
+    static_assert(H % 16 == 0 && THREADS % 16 == 0, "NVFP4 groups are 16 values, whole in one half-warp");
     // Every thread waits itself: dense_gemv_bf16_block waits only in the threads that own a row.
     pdl_wait();
     const size_t t = tok;
     const float inv_g = __fdiv_rn(1.0f, gamma);
-    for (int j = cta * THREADS + threadIdx.x; j < H / 16; j += ctas * THREADS)
-        nvfp4_quant_row_group(x + t * H, j, gamma, inv_g, a_codes + t * (H / 2), a_scales + t * (H / 16));
+    // i and the bound are the same for the 16 lanes of a group, so a group enters (and leaves) whole.
+    for (int i = cta * THREADS + threadIdx.x; i < H; i += ctas * THREADS) {
+        const float v = bf16_to_f32(ld_step(x + t * H + i));
+        nvfp4_quant_group_lanes(v, threadIdx.x & 15, gamma, inv_g, a_codes + t * (H / 2) + 8 * (i / 16),
+                                a_scales + t * (H / 16) + i / 16);
+    }
     if (cta == 0 && threadIdx.x == 0) a_g[t] = gamma;
 }
 

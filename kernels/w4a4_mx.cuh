@@ -101,6 +101,30 @@ __device__ __forceinline__ void nvfp4_quant_group(const float (&v)[16], float g,
     *scale = sc;
 }
 
+// One NVFP4 group held one value per lane by 16 consecutive lanes (lane16 = lane % 16): what
+// nvfp4_quant_group does to the 16 values, spread so that each lane pays one value's latency. The
+// group max over the 16 lanes is exact in any order; the scale and each value's code are
+// nvfp4_quant_group's (nvfp4_group_scale, nvfp4_code); the codes are packed by an OR over 8-lane
+// runs. Lane 0 of the 16 stores the 8 code bytes and the scale byte. All 16 lanes of the half-warp
+// (threadIdx.x & 16) must call it together.
+__device__ __forceinline__ void nvfp4_quant_group_lanes(float v, int lane16, float g, float inv_g,
+                                                        uint8_t* codes, uint8_t* scale) {
+    const unsigned half = 0xffffu << (threadIdx.x & 16);
+    float m = fabsf(v);
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(half, m, off));
+    const uint8_t sc = nvfp4_group_scale(m, inv_g);
+    const float s = e4m3_to_f32(sc), denom = __fmul_rn(s, g);
+    uint32_t w = nvfp4_code(v, s, denom) << (4 * (lane16 & 7));
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) w |= __shfl_xor_sync(half, w, off);
+    const uint32_t hi = __shfl_down_sync(half, w, 8);
+    if (lane16 == 0) {
+        *reinterpret_cast<uint2*>(codes) = make_uint2(w, hi);
+        *scale = sc;
+    }
+}
+
 // Block-wide max of non-negative values (exact in any order); every thread gets the result.
 __device__ __forceinline__ float block_max256(float m, float* red) {
     m = warp_max_xor(m);
