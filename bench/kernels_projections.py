@@ -310,13 +310,14 @@ def dense_opc(name, n, k, opc, out="float"):
 
 # ------------------------------------------------------------------ activation quantizers
 
-def quantizer(name, entry, header, k, in_bytes, out_bytes, args):
+def quantizer(name, entry, header, k, in_bytes, out_bytes, args, ctas=1):
+    """One row through `entry`'s body, `ctas` CTAs (grid.y) for it."""
     def setup():
         f = _mod(f'#include "{header}"\nextern "C" __global__ void __launch_bounds__(256) q({args[0]}) {{ kbp::{entry}_dev<{k}>({args[1]}); }}', f"bq{entry}{k}").get_function("q")
         sets = [[_dev(b) for b in args[2]] for _ in range(rotations(in_bytes))]
 
         def launch(i):
-            f(*(b.gpudata for b in sets[i % len(sets)]), grid=(1, 1), **B256)
+            f(*(b.gpudata for b in sets[i % len(sets)]), grid=(1, ctas), **B256)
         return launch
     return Case(f"{header[:-4]}::{entry} {name}", f"1x{k}", in_bytes + out_bytes, setup)
 
@@ -367,7 +368,8 @@ CASES = [
     dense_opc("index k (bf16 out)", 128, 4096, 1, "__nv_bfloat16"),
     dense_opc("index weights", 32, 4096, 1),
     quantizer("", "w4a4_quant_rows", "w4a4_mx.cuh", 4096, 8192, 4096 // 2 + 4096 // 16 + 4,
-              (f"{_BF} x, uint8_t* c, uint8_t* s, float* g", "x, c, s, g", (8192, 2048, 256, 4))),
+              (f"{_BF} x, uint8_t* c, uint8_t* s, float* g", "x, c, s, g", (8192, 2048, 256, 4)),
+              ctas=-(-4096 // 256)),   # the product's split: one value a thread (w4a4_mx.quant_split)
     quantizer("", "w8a8_act_quant_row", "w8a8_act_quant.cuh", 4096, 8192, 4096 + 4,
               (f"{_BF} x, uint8_t* q, float* s", "x, q, s", (8192, 4096, 4))),
     quantizer("", "w8a8_act_quant_silu_row", "w8a8_act_quant.cuh", 12288, 4 * 12288, 12288 + 4,

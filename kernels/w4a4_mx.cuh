@@ -5,8 +5,10 @@
 // row: codes (K/2), scales (K/16), global g_t (FP32) -- what w4a4_quant_rows writes.
 //
 // Entries:
-//   w4a4_quant_rows<K>(x, a_codes, a_scales, a_g)    grid = m rows, block 256, no smem args
-//       x (m, K) BF16 -> codes (m, K/2), scales (m, K/16), g (m,). K % 16 == 0.
+//   w4a4_quant_rows<K>(x, a_codes, a_scales, a_g)    grid = (m rows, S), block 256, no smem args
+//       x (m, K) BF16 -> codes (m, K/2), scales (m, K/16), g (m,). K % 16 == 0. Any S >= 1: the S
+//       CTAs of a row each read the whole row for its max and quantize every S-th run of 256
+//       values; S = w4a4_quant_split(K) (one value a thread) is the fastest.
 //   w4a4_gemv<K, FAST>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
 //       grid = N/16, block 256; N % 16 == 0, K % 128 == 0, K <= W4A4_MAX_K, 16-byte aligned rows.
 //       One activation row. FAST (numerics fast): FP32 accumulation of the group terms instead of
@@ -186,13 +188,44 @@ __device__ __forceinline__ void nvfp4_quant_row(const __nv_bfloat16* x, uint8_t*
     if (threadIdx.x == 0) *g_out = g;
 }
 
+__host__ __device__ constexpr int w4a4_quant_split(int k) { return (k + 255) / 256; }
+
+// Row blockIdx.x's dynamic NVFP4 quantization by the gridDim.y CTAs of the row: each reads the
+// whole row for max |x| (exact in any order: the same g in every CTA), then quantizes values
+// i = blockIdx.y * 256 + threadIdx.x (+ gridDim.y * 256 ...), a 16-value group over 16 lanes
+// (nvfp4_quant_group_lanes): nvfp4_quant_row's bytes. One CTA quantizing 16 values a thread in
+// series is a latency chain of its own: on an H200 the same form in the fused router ended it
+// 2.6 us later in the step than one value a thread.
 template <int K>
 __device__ __forceinline__ void w4a4_quant_rows_dev(const __nv_bfloat16* x,
                                                        uint8_t* a_codes,
                                                        uint8_t* a_scales,
                                                        float* a_g) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    constexpr int NV = K / 8, PER = (NV + 255) / 256;
+    __shared__ float red[8];
     const size_t r = blockIdx.x;
-    nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, -1.0f);
+    const __nv_bfloat16* xr = x + r * K;
+    float m = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int vi = threadIdx.x + 256 * p;
+        if (vi < NV) {
+            const uint4 u = ld_step(reinterpret_cast<const uint4*>(xr) + vi);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                m = fmaxf(fmaxf(m, fabsf(__uint_as_float(w[j] << 16))), fabsf(__uint_as_float(w[j] & 0xffff0000u)));
+        }
+    }
+    const float amax = block_max256(m, red);
+    const float g = amax > 0.0f ? __fdiv_rn(amax, 6.0f * 448.0f) : 1.0f;
+    const float inv_g = __fdiv_rn(1.0f, g);
+    // K % 16 == 0 and 256 % 16 == 0: the 16 lanes of a group enter and leave the loop together.
+    for (int i = blockIdx.y * 256 + threadIdx.x; i < K; i += gridDim.y * 256)
+        nvfp4_quant_group_lanes(bf16_to_f32(ld_step(xr + i)), threadIdx.x & 15, g, inv_g,
+                                a_codes + r * (K / 2) + 8 * (i / 16), a_scales + r * (K / 16) + i / 16);
+    if (blockIdx.y == 0 && threadIdx.x == 0) a_g[r] = g;
 }
 
 template <int K>

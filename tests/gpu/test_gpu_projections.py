@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kbpc.codegen.families import w4a4_mx as lower_w4a4
 from kbpc.codegen.families import w8a8_act_quant
 from kbpc.codegen.families._projection import BF16, BLOCK
 from kbpc.reference import dense_bf16 as ref_dense
@@ -180,13 +181,15 @@ def test_w4a16_silu_input(n, k):
 
 # ------------------------------------------------------------------ w4a4 (dynamic and static)
 
-def _quant_rows(g, x, gamma=None):
-    """The planar nvfp4/g16 rows of x: dynamic (w4a4_quant_rows) or with the static scale gamma."""
+def _quant_rows(g, x, gamma=None, split=None):
+    """The planar nvfp4/g16 rows of x: dynamic (w4a4_quant_rows, `split` CTAs a row: the product's
+    w4a4_mx.quant_split by default) or with the static scale gamma."""
     m, k = x.shape
     c, s, a = g.poisoned((m, k // 2), np.uint8), g.poisoned((m, k // 16), np.uint8), g.poisoned((m,), np.float32)
     xd = g.to_gpu(bf16_bits(x))
     if gamma is None:
-        launcher(ki.w4a4_quant_rows(k))((m, 1, 1), BLOCK, xd, c, s, a)
+        split = lower_w4a4.quant_split(k) if split is None else split
+        launcher(ki.w4a4_quant_rows(k))((m, split, 1), BLOCK, xd, c, s, a)
     else:
         launcher(ki.w4a4_quant_rows_static(k))((m, 1, 1), BLOCK, xd, np.float32(gamma), c, s, a)
     return c, s, a
@@ -206,9 +209,10 @@ def test_w4a4_quant_rows(k):
     x = bf16_input((3, k))
     x[1] = 0.0  # an all-zero row: g = 1
     x[2, :16] = 0.0  # a zero group
-    c, s, a = _quant_rows(g, x)
     want = ref_w4a4.quantize_rows(x)
-    _check_quant(g, (c, s, a), want, "dynamic")
+    for split in sorted({lower_w4a4.quant_split(k), 1, 3}):   # any number of CTAs a row: the same bytes
+        c, s, a = _quant_rows(g, x, split=split)
+        _check_quant(g, (c, s, a), want, f"dynamic, {split} CTAs a row")
     gamma = np.float32(np.abs(x).max() / 2688 * 0.5)  # some values saturate
     c, s, a = _quant_rows(g, x, gamma)
     want = ref_w4a4s.quantize_rows_static(x, gamma)

@@ -55,8 +55,13 @@ def quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
     out = ctx.quant(q)
     inst = KernelInstance("w4a4_mx", HEADER, f"kbp::w4a4_quant_rows<{k}>",
                           (f"const {BF16}*", "uint8_t*", "uint8_t*", "float*"))
-    return Launch(inst, grid=(rows, 1, 1), block=BLOCK, smem=0,
+    return Launch(inst, grid=(rows, quant_split(k), 1), block=BLOCK, smem=0,
                   args=(ctx.buf(x), out.codes, out.scales, out.globals), group=group.id, nodes=(node.id,))
+
+
+def quant_split(k: int) -> int:
+    """CTAs per row of w4a4_quant_rows<k>: one value a thread (kernels/w4a4_mx.cuh, w4a4_quant_split)."""
+    return -(-k // 256)
 
 
 def gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
