@@ -66,6 +66,12 @@ constexpr int W4A16F_BATCH = 4;      // chunks per warp whose code loads are in 
 // CTAs per SM the register allocation must allow: 16 warps per SM (<= 128 registers per thread),
 // enough loads in flight (two batches of 4 KB per warp) to cover the DRAM latency.
 #define W4A16F_MIN_CTAS(warps) ((warps) >= 16 ? 1 : 16 / (warps))
+// The segment-list form (a fan-out projection, several waves of CTAs) asks for 24 warps per SM
+// (<= 85 registers; the KDA six-segment instance needs 80, no spills): H200, 128-expert seed shrink,
+// 1k, replay timeline: it ends 21.0 us after the hc boundary instead of 23.3 at 16 warps per SM, the
+// KDA sublayer 43.2 us instead of 45.3 (step span 5167 against 5213 us). At 32 warps (64 registers,
+// 16 bytes of spills) it ends sooner still (19.7 us), but the boundary after the layer ends later.
+#define W4A16F_SEG_MIN_CTAS(warps) ((warps) >= 16 ? 1 : 24 / (warps))
 
 // Shared-memory slot (uint4 units) of 8-value block b: one pad slot every 8 blocks, so the four
 // lanes t = 0..3 of a quad (64 bytes apart) hit distinct banks.
@@ -347,7 +353,7 @@ __device__ __forceinline__ void w4a16_mma_seg_dev(const W4A16Seg* table, int nse
 }
 
 template <int K, int KS, int T, int NSEG, int PF = 0>
-__global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
+__global__ void __launch_bounds__(32 * KS * T, W4A16F_SEG_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                                   const __nv_bfloat16* x) {
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     pdl_launch_dependents();  // at CTA start (see the header); w4a16f_mac's later trigger is then a no-op
