@@ -10,8 +10,12 @@ n-th of that rule inside the sublayer) with the median time it ends after the op
 end (and its stream): where along the sublayer each kernel finishes, e.g. the router, the gate/up,
 the quantizer, the down and the combine boundary of a MoE sublayer.
 
+With --json, for any number of timelines, one JSON object per file in a list: its step span, the
+per-kind table and the per-kind chains (what a variant summary in bench/results records).
+
     python3 bench/timeline_layers.py TIMELINE.json [OTHER.json]   # two files: side by side
     python3 bench/timeline_layers.py --chain TIMELINE.json [OTHER.json]
+    python3 bench/timeline_layers.py --json TIMELINE.json...
 """
 from __future__ import annotations
 
@@ -105,9 +109,25 @@ def table(path: str) -> dict[str, tuple[int, float, float, float]]:
     return {k: (len(v), statistics.median(v), min(v), max(v)) for k, v in spans.items()}
 
 
+def summary(path: str) -> dict:
+    """One timeline as JSON: step span (median, min, max us), per kind the sublayer count and span
+    median / lowest / highest, and per kind every launch's stream and median end."""
+    span = json.load(open(path)).get("step_span_us", {})
+    return {"file": path,
+            "step_span_us": {k: span[k] for k in ("median", "min", "max") if k in span},
+            "sublayers": {kind: {"count": n, "median_us": med, "min_us": lo, "max_us": hi}
+                          for kind, (n, med, lo, hi) in table(path).items()},
+            "chains": {kind: {"count": n, "launches": [{"launch": key, "stream": stream, "end_us": end}
+                                                        for key, (stream, end) in rows.items()]}
+                       for kind, (n, rows) in chain_table(path).items()}}
+
+
 def main(argv: list[str]) -> int:
-    chain = "--chain" in argv
-    argv = [a for a in argv if a != "--chain"]
+    chain, as_json = "--chain" in argv, "--json" in argv
+    argv = [a for a in argv if a not in ("--chain", "--json")]
+    if as_json and argv:
+        print(json.dumps([summary(p) for p in argv], indent=1))
+        return 0
     if not 1 <= len(argv) <= 2:
         print(__doc__)
         return 2

@@ -58,3 +58,18 @@ def test_chains_end_each_launch_after_the_opening_boundary(tmp_path, capsys):
     assert main(["--chain", str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert "moe (2 / 2 sublayers)" in out and out.count("router #1") == 1
+
+
+def test_json_summary_of_any_number_of_timelines(tmp_path, capsys):
+    """--json: per file the step span, the per-kind spans and the per-kind chains, as one list."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"kernels": STEP, "step_span_us": {"median": 70.0, "min": 69.0, "max": 72.0, "each": [70.0]}}))
+    assert main(["--json", str(path), str(path), str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert len(got) == 3 and got[0]["step_span_us"] == {"median": 70.0, "min": 69.0, "max": 72.0}
+    assert got[0]["sublayers"]["moe"] == {"count": 1, "median_us": 16.0, "min_us": 16.0, "max_us": 16.0}
+    kda = got[0]["chains"]["kda attention"]
+    assert kda["count"] == 1 and [r["launch"] for r in kda["launches"]] == ["w4a16_gemv #1", "kda_recurrent #1",
+                                                                             "glm_mhc #1"]
+    assert kda["launches"][-1]["end_us"] == 14.0
+    assert main(["--json"]) == 2
