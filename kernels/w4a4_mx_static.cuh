@@ -1,9 +1,11 @@
 // w4a4_mx_static.cuh: W4A4 with a static NVFP4 activation scale gamma (family w4a4_mx_static).
 //
 // Entries (formats and the product as in w4a4_mx.cuh; 256-thread CTAs):
-//   w4a4_quant_rows_static<K>(x, gamma, a_codes, a_scales, a_g)   grid = m rows
+//   w4a4_quant_rows_static<K>(x, gamma, a_codes, a_scales, a_g)   grid = (m rows, S)
 //       w4a4_quant_rows with the global scale fixed to gamma (a_g[r] = gamma is written too, so
-//       the GEMVs read one layout). K % 16 == 0.
+//       the GEMVs read one layout). K % 16 == 0. Any S >= 1 CTAs a row, each quantizing every S-th
+//       run of 256 values (no max to find: a CTA reads only its own values); S =
+//       w4a4_quant_split(K) is one value a thread.
 //   w4a4_gemv_moe_slots<K, FAST>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
 //       grid = (N/16, S) for S routed slots (t, r) flattened; block 256. Slot s reads its expert id
 //       e = ids[s] from device memory (no host round trip); e == -1 writes +0 to y[s, :].
@@ -33,13 +35,22 @@
 
 namespace kbp {
 
+// Row blockIdx.x's values i = blockIdx.y * 256 + threadIdx.x (+ gridDim.y * 256 ...), a 16-value
+// group over 16 lanes (nvfp4_quant_group_lanes): nvfp4_quant_row(..., gamma)'s bytes, one value's
+// latency a thread instead of 16 values in series (what the fused router's share does too).
 template <int K>
 __device__ __forceinline__ void w4a4_quant_rows_static_dev(const __nv_bfloat16* x, float gamma,
                                                               uint8_t* a_codes,
                                                               uint8_t* a_scales,
                                                               float* a_g) {
+    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
     const size_t r = blockIdx.x;
-    nvfp4_quant_row<K>(x + r * K, a_codes + r * (K / 2), a_scales + r * (K / 16), a_g + r, gamma);
+    const float inv_g = __fdiv_rn(1.0f, gamma);
+    // K % 16 == 0 and 256 % 16 == 0: the 16 lanes of a group enter and leave the loop together.
+    for (int i = blockIdx.y * 256 + threadIdx.x; i < K; i += gridDim.y * 256)
+        nvfp4_quant_group_lanes(bf16_to_f32(ld_step(x + r * K + i)), threadIdx.x & 15, gamma, inv_g,
+                                a_codes + r * (K / 2) + 8 * (i / 16), a_scales + r * (K / 16) + i / 16);
+    if (blockIdx.y == 0 && threadIdx.x == 0) a_g[r] = gamma;
 }
 
 template <int K>

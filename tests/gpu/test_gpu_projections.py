@@ -182,16 +182,16 @@ def test_w4a16_silu_input(n, k):
 # ------------------------------------------------------------------ w4a4 (dynamic and static)
 
 def _quant_rows(g, x, gamma=None, split=None):
-    """The planar nvfp4/g16 rows of x: dynamic (w4a4_quant_rows, `split` CTAs a row: the product's
-    w4a4_mx.quant_split by default) or with the static scale gamma."""
+    """The planar nvfp4/g16 rows of x: dynamic (w4a4_quant_rows) or with the static scale gamma
+    (w4a4_quant_rows_static), `split` CTAs a row (the product's w4a4_mx.quant_split by default)."""
     m, k = x.shape
     c, s, a = g.poisoned((m, k // 2), np.uint8), g.poisoned((m, k // 16), np.uint8), g.poisoned((m,), np.float32)
     xd = g.to_gpu(bf16_bits(x))
+    split = lower_w4a4.quant_split(k) if split is None else split
     if gamma is None:
-        split = lower_w4a4.quant_split(k) if split is None else split
         launcher(ki.w4a4_quant_rows(k))((m, split, 1), BLOCK, xd, c, s, a)
     else:
-        launcher(ki.w4a4_quant_rows_static(k))((m, 1, 1), BLOCK, xd, np.float32(gamma), c, s, a)
+        launcher(ki.w4a4_quant_rows_static(k))((m, split, 1), BLOCK, xd, np.float32(gamma), c, s, a)
     return c, s, a
 
 
@@ -214,9 +214,10 @@ def test_w4a4_quant_rows(k):
         c, s, a = _quant_rows(g, x, split=split)
         _check_quant(g, (c, s, a), want, f"dynamic, {split} CTAs a row")
     gamma = np.float32(np.abs(x).max() / 2688 * 0.5)  # some values saturate
-    c, s, a = _quant_rows(g, x, gamma)
     want = ref_w4a4s.quantize_rows_static(x, gamma)
-    _check_quant(g, (c, s, a), want, "static")
+    for split in sorted({lower_w4a4.quant_split(k), 1, 3}):
+        c, s, a = _quant_rows(g, x, gamma, split=split)
+        _check_quant(g, (c, s, a), want, f"static, {split} CTAs a row")
 
 
 def _check_w4a4(got_bits, want, bounds, fast, what):

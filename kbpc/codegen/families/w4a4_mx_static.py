@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from kbpc.codegen.args import WeightScalar, lit
 from kbpc.codegen.context import LowerCtx, Quant, flt
 from kbpc.codegen.families._projection import BF16, BLOCK, materialized, require
-from kbpc.codegen.families.w4a4_mx import MAX_K, fast_form
+from kbpc.codegen.families.w4a4_mx import MAX_K, fast_form, quant_split
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
@@ -78,7 +78,7 @@ def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | Non
     out = out or ctx.quant(ctx.output(node))
     inst = KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_quant_rows_static<{k}>",
                           (f"const {BF16}*", "float", "uint8_t*", "uint8_t*", "float*"))
-    return Launch(inst, grid=(rows, 1, 1), block=BLOCK, smem=0,
+    return Launch(inst, grid=(rows, quant_split(k), 1), block=BLOCK, smem=0,
                   args=(ctx.buf(x), gamma(ctx, node), out.codes, out.scales, out.globals),
                   group=group.id, nodes=(node.id,))
 
