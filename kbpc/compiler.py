@@ -165,7 +165,7 @@ def _members(req: CompileRequest, raw: dict, plan: Plan, rank_sources: list[Sour
     for r, sources in enumerate(rank_sources):
         members += [Member(_rank_src(rel, r, len(libs)), data=text.encode())
                     for rel, text in sorted(sources.files.items())]
-        headers |= {*sources.step.headers, "kbp_common.cuh"} | _includes(sources)
+        headers |= {"kbp_common.cuh"} | _includes(sources)
     for header in sorted(headers):
         members.append(Member(f"src/include/{header}", data=(KERNELS_DIR / header).read_bytes()))
     for stub in sorted(RUNTIME_STUB_DIR.iterdir()):

@@ -195,7 +195,7 @@ router_gemv_topk(const __nv_bfloat16* w, const __nv_bfloat16* x,
 
 // This CTA's share of token blockIdx.y's NVFP4 quantization with the static scale gamma: value i
 // of row t goes to thread i - cta * THREADS (+ ctas * THREADS ...), each group of 16 values to 16
-// consecutive lanes (nvfp4_quant_group_lanes: nvfp4_quant_row's group scale and codes, spread so a
+// consecutive lanes (nvfp4_quant_group_lanes: nvfp4_quant_group's scale and codes, spread so a
 // lane pays one value's division, not sixteen), so codes, scales and a_g[t] = gamma are
 // w4a4_quant_rows_static's bytes. Only the CTAs that hold values take part (the first H / THREADS),
 // one value a thread: their arrival, which the top-k waits for, is then about as early as the

@@ -8,7 +8,7 @@
 //   w4a4_quant_rows<K>(x, a_codes, a_scales, a_g)    grid = (m rows, S), block 256, no smem args
 //       x (m, K) BF16 -> codes (m, K/2), scales (m, K/16), g (m,). K % 16 == 0. Any S >= 1: the S
 //       CTAs of a row each read the whole row for its max and quantize every S-th run of 256
-//       values; S = w4a4_quant_split(K) (one value a thread) is the fastest.
+//       values; S = ceil(K / 256) (one value a thread) is the fastest.
 //   w4a4_gemv<K, FAST>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
 //       grid = N/16, block 256; N % 16 == 0, K % 128 == 0, K <= W4A4_MAX_K, 16-byte aligned rows.
 //       One activation row. FAST (numerics fast): FP32 accumulation of the group terms instead of
@@ -150,8 +150,8 @@ __device__ __forceinline__ void bf16x16_load(const __nv_bfloat16* p, float (&v)[
 }
 
 // Group j (16 values) of the BF16 row x quantized with global scale g (1/g = inv_g) into the row's
-// codes (8 bytes at 8j) and scales (byte j): what nvfp4_quant_row does to that group, for kernels
-// that spread a row's groups over other threads (the fused routers).
+// codes (8 bytes at 8j) and scales (byte j): nvfp4_quant_group of that group, for kernels that
+// spread a row's groups over other threads (the fused MoE layer's router).
 __device__ __forceinline__ void nvfp4_quant_row_group(const __nv_bfloat16* x, int j, float g, float inv_g,
                                                       uint8_t* codes, uint8_t* scales) {
     float v[16];
@@ -159,41 +159,10 @@ __device__ __forceinline__ void nvfp4_quant_row_group(const __nv_bfloat16* x, in
     nvfp4_quant_group(v, g, inv_g, codes + 8 * j, scales + j);
 }
 
-// Quantize a row with global scale g (static) or the row's dynamic one (g < 0 on entry).
-template <int K>
-__device__ __forceinline__ void nvfp4_quant_row(const __nv_bfloat16* x, uint8_t* codes, uint8_t* scales,
-                                                float* g_out, float g_static) {
-    static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
-    constexpr int NG = K / 16, GPT = (NG + 255) / 256;
-    __shared__ float red[8];
-    float v[GPT][16], m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < GPT; ++j) {
-        int grp = threadIdx.x + 256 * j;
-        if (grp < NG) bf16x16_load(x + 16 * grp, v[j]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) m = grp < NG ? fmaxf(m, fabsf(v[j][i])) : m;
-    }
-    float g = g_static;
-    if (g < 0.0f) {
-        float amax = block_max256(m, red);
-        g = amax > 0.0f ? __fdiv_rn(amax, 6.0f * 448.0f) : 1.0f;
-    }
-    const float inv_g = __fdiv_rn(1.0f, g);
-#pragma unroll
-    for (int j = 0; j < GPT; ++j) {
-        int grp = threadIdx.x + 256 * j;
-        if (grp < NG) nvfp4_quant_group(v[j], g, inv_g, codes + 8 * grp, scales + grp);
-    }
-    if (threadIdx.x == 0) *g_out = g;
-}
-
-__host__ __device__ constexpr int w4a4_quant_split(int k) { return (k + 255) / 256; }
-
 // Row blockIdx.x's dynamic NVFP4 quantization by the gridDim.y CTAs of the row: each reads the
 // whole row for max |x| (exact in any order: the same g in every CTA), then quantizes values
 // i = blockIdx.y * 256 + threadIdx.x (+ gridDim.y * 256 ...), a 16-value group over 16 lanes
-// (nvfp4_quant_group_lanes): nvfp4_quant_row's bytes. One CTA quantizing 16 values a thread in
+// (nvfp4_quant_group_lanes): nvfp4_quant_group's bytes. One CTA quantizing 16 values a thread in
 // series is a latency chain of its own: on an H200 the same form in the fused router ended it
 // 2.6 us later in the step than one value a thread.
 template <int K>

@@ -4,8 +4,8 @@
 //   w4a4_quant_rows_static<K>(x, gamma, a_codes, a_scales, a_g)   grid = (m rows, S)
 //       w4a4_quant_rows with the global scale fixed to gamma (a_g[r] = gamma is written too, so
 //       the GEMVs read one layout). K % 16 == 0. Any S >= 1 CTAs a row, each quantizing every S-th
-//       run of 256 values (no max to find: a CTA reads only its own values); S =
-//       w4a4_quant_split(K) is one value a thread.
+//       run of 256 values (no max to find: a CTA reads only its own values); S = ceil(K / 256)
+//       is one value a thread.
 //   w4a4_gemv_moe_slots<K, FAST>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N)
 //       grid = (N/16, S) for S routed slots (t, r) flattened; block 256. Slot s reads its expert id
 //       e = ids[s] from device memory (no host round trip); e == -1 writes +0 to y[s, :].
@@ -36,7 +36,7 @@
 namespace kbp {
 
 // Row blockIdx.x's values i = blockIdx.y * 256 + threadIdx.x (+ gridDim.y * 256 ...), a 16-value
-// group over 16 lanes (nvfp4_quant_group_lanes): nvfp4_quant_row(..., gamma)'s bytes, one value's
+// group over 16 lanes (nvfp4_quant_group_lanes): nvfp4_quant_group's bytes with g = gamma, one value's
 // latency a thread instead of 16 values in series (what the fused router's share does too).
 template <int K>
 __device__ __forceinline__ void w4a4_quant_rows_static_dev(const __nv_bfloat16* x, float gamma,
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
 }
 
 // Stage a BF16 row quantized with the static global scale gamma, as w4a4_stage_act stages the
-// codes/scales that nvfp4_quant_row(..., gamma) would have written.
+// codes/scales that w4a4_quant_rows_static would have written.
 template <int K>
 __device__ __forceinline__ void w4a4_stage_act_static(const __nv_bfloat16* x, float gamma, W4A4Smem<K>& sm) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");

@@ -60,8 +60,9 @@ def quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
 
 
 def quant_split(k: int) -> int:
-    """CTAs per row of w4a4_quant_rows<k>: one value a thread (kernels/w4a4_mx.cuh, w4a4_quant_split)."""
-    return -(-k // 256)
+    """CTAs per row of w4a4_quant_rows<k> and w4a4_quant_rows_static<k>: one value a thread
+    (kernels/w4a4_mx.cuh)."""
+    return -(-k // BLOCK[0])
 
 
 def gemv(ctx: LowerCtx, group: LoweredGroup, node: Node) -> Launch:
