@@ -32,6 +32,12 @@ KINDS = (("kda attention", ("kda_recurrent", "kda_fused")),
          ("dense mlp", ("w4a4_mx",)))
 
 
+def is_boundary(k: dict) -> bool:
+    """A boundary launch: family glm_mhc, except the gates + Sinkhorn issued aside (rule aside:...),
+    which run beside the next sublayer."""
+    return k["family"] == BOUNDARY and not str(k.get("rule") or "").startswith("aside:")
+
+
 def kind_of(families: set[str]) -> str:
     return next((name for name, fams in KINDS if families & set(fams)), "other")
 
@@ -41,7 +47,7 @@ def sublayers(kernels: list[dict]) -> list[tuple[str, float]]:
     launch order, named by the families launched between them."""
     out, last, families = [], None, set()
     for k in kernels:
-        if k["family"] == BOUNDARY:
+        if is_boundary(k):
             end = k["start_us"] + k["dur_us"]
             if last is not None:
                 out.append((kind_of(families), end - last))
@@ -62,7 +68,7 @@ def launch_chains(kernels: list[dict]) -> list[tuple[str, list[tuple[str, int, f
         if last is not None:
             seen[name] = seen.get(name, 0) + 1
             rows.append((f"{name} #{seen[name]}", k.get("stream", -1), end - last))
-        if k["family"] == BOUNDARY:
+        if is_boundary(k):
             if last is not None:
                 out.append((kind_of(families), rows))
             last, families, rows, seen = end, set(), [], {}

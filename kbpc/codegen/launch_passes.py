@@ -8,10 +8,43 @@ import dataclasses
 from typing import Callable
 
 from kbpc.codegen.collectives import place_collectives as _place
-from kbpc.codegen.records import Collective, GroupCode, StepProgram
+from kbpc.codegen.context import LoweringError
+from kbpc.codegen.records import Collective, GroupCode, Launch, StepProgram
 from kbpc.ir.plan import Options
 
 LaunchPass = Callable[[StepProgram, Options], StepProgram]
+
+
+def issue_aside(step: StepProgram, options: Options) -> StepProgram:
+    """Launches marked `aside` (Launch.aside: the nodes that read what they write) leave their
+    group's stream: each becomes a group of its own on one extra stream, right after its group,
+    waiting for an event recorded after that group's other launches; every group holding one of
+    its reader nodes waits for an event recorded after it. So the kernels after the group on its
+    stream no longer wait for the aside launch (under PDL a kernel waits for its whole predecessor
+    grid), and its readers still see its writes. A reader that never comes is a lowering error."""
+    if not any(isinstance(l, Launch) and l.aside for g in step.groups for l in g.launches):
+        return step
+    side, events = step.streams, step.events
+    pending: dict[str, set[int]] = {}   # reader node -> events of the aside groups it must wait for
+    groups: list[GroupCode] = []
+    for g in step.groups:
+        extra = sorted({e for n in g.nodes for e in pending.pop(n, ())} - set(g.waits))
+        aside = tuple(l for l in g.launches if isinstance(l, Launch) and l.aside)
+        main = tuple(l for l in g.launches if not (isinstance(l, Launch) and l.aside))
+        record = g.record
+        if aside and record is None:
+            record, events = events, events + 1
+        groups.append(dataclasses.replace(g, waits=g.waits + tuple(extra), launches=main, record=record))
+        for launch in aside:
+            groups.append(GroupCode(group=g.group, rule=f"aside:{g.rule}", family=g.family, stream=side,
+                                    waits=(record,), record=events, nodes=launch.nodes, launches=(launch,),
+                                    urgent=g.urgent))
+            for reader in launch.aside:
+                pending.setdefault(reader, set()).add(events)
+            events += 1
+    if pending:
+        raise LoweringError(f"aside launches whose readers {sorted(pending)} are not in the step")
+    return dataclasses.replace(step, groups=tuple(groups), streams=side + 1, events=events)
 
 
 def mark_pdl(step: StepProgram, options: Options) -> StepProgram:
@@ -73,6 +106,7 @@ def place_collectives(step: StepProgram, options: Options) -> StepProgram:
 
 LAUNCH_PASSES: tuple[tuple[str, LaunchPass], ...] = (
     ("place_collectives", place_collectives),
+    ("issue_aside", issue_aside),
     ("mark_pdl", mark_pdl),
     ("mark_priority", mark_priority),
 )
@@ -84,4 +118,4 @@ def run_launch_passes(step: StepProgram, options: Options) -> StepProgram:
     return step
 
 
-__all__ = ["LAUNCH_PASSES", "GroupCode", "mark_pdl", "mark_priority", "place_collectives", "run_launch_passes"]
+__all__ = ["LAUNCH_PASSES", "GroupCode", "issue_aside", "mark_pdl", "mark_priority", "place_collectives", "run_launch_passes"]

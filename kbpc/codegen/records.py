@@ -42,6 +42,7 @@ class Launch:
     note: str = ""
     pdl: bool = False                # launched with programmatic dependent launch (launch pass)
     priority: bool = False           # launched at the highest priority (launch pass mark_priority)
+    aside: tuple[str, ...] = ()      # off the group's stream (launch pass issue_aside): these nodes' groups wait for it
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,15 @@ class StateBuffer:
 HC_LEVEL1 = 128
 
 
-def hc_pre_state(pre: Node, rows: int, mix_width: int) -> tuple[StateBuffer, StateBuffer]:
-    """The fused pre-mix's per-row counters and its partial-sum hand-off slots: per row, the mix rows
-    and the stream sum of squares twice (one copy per tail CTA), HC_LEVEL1 32-bit slots each. Both
-    are zero between launches (kernels/glm_mhc_boundary.cuh re-arms them)."""
+def hc_pre_state(pre: Node, rows: int, mix_width: int) -> tuple[StateBuffer, StateBuffer, StateBuffer]:
+    """The fused pre-mix's per-row counters, its partial-sum hand-off slots (per row, the mix rows
+    and the stream sum of squares twice, one copy per tail CTA, HC_LEVEL1 32-bit slots each; both
+    zero between launches: kernels/glm_mhc_boundary.cuh re-arms them), and the mix outputs mu it
+    hands to the gates + Sinkhorn kernel that runs beside the step (FP32, rows x mix width)."""
     slots = mix_width + 2
     return (StateBuffer(f"{pre.id}.counters", rows * 4, (rows,), "i32"),
-            StateBuffer(f"{pre.id}.work", rows * slots * HC_LEVEL1 * 4, (rows, slots, HC_LEVEL1), "i32"))
+            StateBuffer(f"{pre.id}.work", rows * slots * HC_LEVEL1 * 4, (rows, slots, HC_LEVEL1), "i32"),
+            StateBuffer(f"{pre.id}.mix", rows * mix_width * 4, (rows, mix_width), "f32"))
 
 
 def _hc_pre(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:

@@ -192,10 +192,7 @@ def hc_pre_norm(n: int, d: int, fuse_post: bool, ranks: int) -> KernelInstance:
                           (f"kbp::mhc::PreParams<{n}, {ranks}>",))
 
 
-def hc_gates(n: int) -> KernelInstance:
-    """Gates and Sinkhorn from mu, on their own; not lowered."""
-    return KernelInstance("glm_mhc", glm_mhc.HEADER, f"kbp::mhc::hc_gates<{n}>",
-                          ("const float*", "const float*", "const float*", "float", "int", "float*", "float*"))
+hc_gates = glm_mhc.gates_instance   # the lowering's own (GATES_ASIDE)
 
 
 # ------------------------------------------------------------------ KDA, norms, latent write

@@ -108,10 +108,14 @@ def test_seed_compiles(seed_path, keys, cache, tmp_path, target):
     out = tmp_path / f"seed-{target}.kbp"
     compile_(seed_path, out, keys, cache, "--target", target)
     manifest = json.loads(members(out)["manifest.json"])
-    # the blueprint's 908 groups, less one for each group the fusion pass merged into another
+    # the blueprint's 908 groups, less one for each group the fusion pass merged into another, plus
+    # one for each pre-mix whose gates + Sinkhorn the step issues aside (glm_mhc.GATES_ASIDE)
+    from kbpc.codegen.families.glm_mhc import GATES_ASIDE
     plan = run_pipeline(load_blueprint(seed_path), Options(target=target))
     merged = sum(len(f.groups) - 1 for f in plan.fusions if f.applied)
-    assert merged and manifest["step"]["groups"] == 908 - merged and manifest["target"] == target
+    aside = sum(any(plan.blueprint.node_by_id[n].op == "hc_pre" for n in g.nodes) for g in plan.groups)
+    assert merged and aside == 90
+    assert manifest["step"]["groups"] == 908 - merged + aside * GATES_ASIDE and manifest["target"] == target
 
 
 def test_build_report_and_manifest_follow_their_schemas(tiny_path, keys, cache, tmp_path):

@@ -145,3 +145,39 @@ def test_max_streams_bounds_the_schedule(tiny_path):
     assert run_pipeline(bp, Options(max_streams=2)).streams <= 2
     with pytest.raises(KbpcError, match="max streams"):
         Options(max_streams=0)
+
+
+def test_issue_aside_moves_a_launch_off_its_stream_and_orders_its_readers():
+    """An aside launch becomes a group of its own on a new stream after an event of its group; the
+    group holding its reader waits for the aside group's event; groups in between do not."""
+    from kbpc.codegen.launch_passes import issue_aside
+
+    def launch(gid, aside=()):
+        return Launch(_INST, (1, 1, 1), (32, 1, 1), 0, (), gid, ("n",), aside=aside)
+
+    g0 = GroupCode(0, "r0", "f", 0, (), None, ("a",), (launch(0), launch(0, aside=("c",))))
+    g1 = GroupCode(1, "r1", "f", 1, (), 1, ("b",), (launch(1),))
+    g2 = GroupCode(2, "r2", "f", 0, (1,), None, ("c",), (launch(2),))
+    step = issue_aside(_step((g0, g1, g2)), Options())
+    assert step.streams == 3 and step.events == 4
+    main, aside, b, c = step.groups
+    assert main.launches == (launch(0),) and main.record == 2
+    assert (aside.group, aside.rule, aside.stream, aside.waits, aside.record) == (0, "aside:r0", 2, (2,), 3)
+    assert aside.launches == (launch(0, aside=("c",)),)
+    assert b == g1 and c.waits == (1, 3)
+    assert issue_aside(_step((g1,)), Options()) == _step((g1,))   # nothing aside: unchanged
+    from kbpc.codegen.context import LoweringError
+    with pytest.raises(LoweringError, match="readers"):
+        issue_aside(_step((g0, g1)), Options())
+
+
+def test_tiny_step_issues_the_gates_aside(tiny_steps):
+    """Every hyper-connection pre-mix's gates + Sinkhorn (hc_gates) run on the extra stream, after
+    their boundary, and the next post-mix's group waits for them."""
+    step = tiny_steps[True]
+    aside = [g for g in step.groups if g.rule.startswith("aside:")]
+    assert aside and all(g.stream == step.streams - 1 and len(g.launches) == 1 for g in aside)
+    assert all(g.launches[0].instance.kernel.startswith("kbp::mhc::hc_gates<") for g in aside)
+    for g in aside:
+        readers = [r for r in step.groups if set(r.nodes) & set(g.launches[0].aside)]
+        assert readers and all(g.record in r.waits for r in readers)

@@ -55,9 +55,26 @@ def test_rules_covered(tiny):
     assert {g.rule for g in family_groups(plan, "glm_mhc")} == RULES
     for g in family_groups(plan, "glm_mhc"):
         launches = glm_mhc.lower(ctx, g)
-        assert len(launches) == 1 and unwritten(plan, g, launches) == []
+        pre = any(plan.blueprint.node_by_id[n].op == "hc_pre" for n in g.nodes)
+        assert len(launches) == (2 if pre else 1) and unwritten(plan, g, launches) == []
         assert launches[0].instance.header in ("glm_mhc.cuh", "glm_mhc_boundary.cuh")
         assert launches[0].nodes == tuple(g.nodes)
+        if pre:
+            _check_gates(ctx, g, launches[1])
+
+
+def _check_gates(ctx, g, gates):
+    """The pre-mix's gates + Sinkhorn launch, issued aside: mu from the mix state the boundary's
+    tails write, the site's alpha and beta, post and comb into their buffers, for their readers."""
+    pre = ctx.node(g, "hc_pre")
+    post, comb = ctx.output(pre, "post"), ctx.output(pre, "comb")
+    assert gates.instance == glm_mhc.gates_instance(post.dim_value)
+    assert (gates.grid, gates.block) == ((ctx.rows(post), 1, 1), (32, 1, 1))
+    assert gates.args == (ctx.state(pre.id + ".mix", "const float"), ctx.weight(pre, "alpha", "float"),
+                          ctx.weight(pre, "beta", "float"), flt(ctx.c.hc_eps), lit(ctx.c.sinkhorn_iters),
+                          ctx.buf(post, "float"), ctx.buf(comb, "float"))
+    assert gates.nodes == (pre.id,) and gates.aside == tuple(sorted({ctx.bp.node(post.dst).id,
+                                                                        ctx.bp.node(comb.dst).id}))
 
 
 def test_vec_and_grid():
@@ -109,9 +126,10 @@ def _pre_fields(ctx, g, head, h):
     c = ctx.c
     fields = (*head, ctx.weight(mix, ctype=BF), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF), flt(c.hc_norm_eps), flt(c.hc_eps), flt(c.hc_site_norm_eps),
-              lit(c.sinkhorn_iters), NULL, ctx.state(pre.id + ".counters", "unsigned int"), NULL,
+              lit(c.sinkhorn_iters), ctx.state(pre.id + ".mix", "float"),
+              ctx.state(pre.id + ".counters", "unsigned int"), NULL,
               ctx.buf(ctx.output(norm)), ctx.buf(ctx.output(pre, "post"), "float"),
-              ctx.buf(ctx.output(pre, "comb"), "float"), h, ctx.state(pre.id + ".work", "unsigned int"))
+              NULL, h, ctx.state(pre.id + ".work", "unsigned int"))   # comb: hc_gates (GATES_ASIDE)
     return tuple(map(r, fields))
 
 
@@ -120,7 +138,9 @@ def _shape(ctx, g):
     return x.dim_value // normed.dim_value, normed.dim_value
 
 
-def _check_boundary(ctx, plan, g, launch, src, head, h, k=0):
+def _check_boundary(ctx, plan, g, launches, src, head, h, k=0):
+    launch, gates = launches
+    _check_gates(ctx, g, gates)
     n, d = _shape(ctx, g)
     assert launch.instance.kernel == f"kbp::mhc::hc_boundary<{n}, {d}, {src}, 1, {k}, 4>"
     assert launch.instance.params == (f"kbp::mhc::PreParams<{n}, 1, {k}>",)
@@ -128,7 +148,7 @@ def _check_boundary(ctx, plan, g, launch, src, head, h, k=0):
     # producers: 8 column groups x ceil(((2+n)n + 1) / 4) chain groups; then the two tails; one row
     assert (launch.grid, launch.block, launch.smem) == ((8 * -(-((2 + n) * n + 1) // 4) + 2, 1, 1), (288, 1, 1), 0)
     assert tuple(map(r, launch.args[0].fields)) == _pre_fields(ctx, g, head, h)
-    assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch]) == []
+    assert launch.nodes == tuple(g.nodes) and unwritten(plan, g, [launch, gates]) == []
 
 
 def test_pre_norm(tiny):
@@ -136,10 +156,10 @@ def test_pre_norm(tiny):
     are on chip (their edges have no buffer)."""
     plan, ctx = tiny
     for g in by_rule(plan, "glm_hc_pre_norm_c1_input") + by_rule(plan, "glm_hc_pre_norm_c1_post"):
-        (launch,) = glm_mhc.lower(ctx, g)
+        launches = glm_mhc.lower(ctx, g)
         x = ctx.input(ctx.node(g, "linear:hc_mix"))
         no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
-        _check_boundary(ctx, plan, g, launch, 0, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL)
+        _check_boundary(ctx, plan, g, launches, 0, (ctx.buf(x, "const float"), no_parts, NULL, NULL, NULL), NULL)
 
 
 def test_pre_norm_needs_its_state(tiny_path):
@@ -158,13 +178,13 @@ def test_fused_boundary(tiny_path):
     fused = [g for g in plan.groups if g.rule == "fused:hc_boundary"]
     assert fused
     for g in fused:
-        (launch,) = glm_mhc.lower(ctx, g)
+        launches = glm_mhc.lower(ctx, g)
         post = next(bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op == "hc_post")
         x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
         head = (ctx.buf(x, "const float"), glm_mhc._parts(ctx, u)[1], ctx.buf(gate, "const float"),
                 ctx.buf(comb, "const float"), ctx.buf(y, "float"))
-        _check_boundary(ctx, plan, g, launch, 1, head, NULL)
-        assert x != y and points_into(launch.args[0], buffer_name(bp, u))
+        _check_boundary(ctx, plan, g, launches, 1, head, NULL)
+        assert x != y and points_into(launches[0].args[0], buffer_name(bp, u))
 
 
 def _combine_plan(tiny_path):
@@ -183,7 +203,7 @@ def test_fused_combine_boundary(tiny_path):
     assert fused
     names = {b.name for b in plan.buffers}
     for g in fused:
-        (launch,) = glm_mhc.lower(ctx, g)
+        launches = glm_mhc.lower(ctx, g)
         post, blend = (ctx.node(g, op) for op in ("hc_post", "blend"))
         x, u, gate, comb, y = glm_mhc._post_operands(ctx, post)
         w, e, sh, _ = combine_operands(ctx, blend)
@@ -192,7 +212,7 @@ def test_fused_combine_boundary(tiny_path):
                                  ctx.buf(sh, f"const {BF}")))
         head = (ctx.buf(x, "const float"), parts, ctx.buf(gate, "const float"), ctx.buf(comb, "const float"),
                 ctx.buf(y, "float"))
-        _check_boundary(ctx, plan, g, launch, 1, head, NULL, k=w.dim_value)
+        _check_boundary(ctx, plan, g, launches, 1, head, NULL, k=w.dim_value)
 
 
 def test_fused_combine_head_norm(tiny_path):
@@ -217,11 +237,11 @@ def test_fused_expand_pre(tiny_path):
     the expand's stream buffer (the first post-mix reads it)."""
     plan, ctx = planned(str(tiny_path), fuse=True)
     (g,) = [g for g in plan.groups if g.rule == "fused:hc_expand_pre"]
-    (launch,) = glm_mhc.lower(ctx, g)
+    launches = glm_mhc.lower(ctx, g)
     expand = next(n for n in ctx.nodes(g) if n.op == "hc_expand")
     no_parts = Aggregate(None, (Aggregate(None, (NULL,)),))
     head = (NULL, no_parts, NULL, NULL, ctx.buf(ctx.output(expand), "float"))
-    _check_boundary(ctx, plan, g, launch, 2, head, ctx.buf(ctx.input(expand), f"const {BF}"))
+    _check_boundary(ctx, plan, g, launches, 2, head, ctx.buf(ctx.input(expand), f"const {BF}"))
 
 
 def test_fused_head_norm(tiny_path):

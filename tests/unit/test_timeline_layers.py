@@ -73,3 +73,10 @@ def test_json_summary_of_any_number_of_timelines(tmp_path, capsys):
                                                                              "glm_mhc #1"]
     assert kda["launches"][-1]["end_us"] == 14.0
     assert main(["--json"]) == 2
+
+
+def test_gates_issued_aside_are_not_boundaries():
+    """The gates + Sinkhorn kernel a boundary leaves to the extra stream (family glm_mhc, rule
+    aside:...) runs inside the next sublayer: it neither closes it nor names it."""
+    aside = dict(_k("glm_mhc", 3.5, 1.0), rule="aside:fused:hc_boundary")
+    assert sublayers(STEP[:2] + [aside] + STEP[2:]) == sublayers(STEP)

@@ -13,10 +13,13 @@ launch each.
     post-mix's sublayer output computed in place by the combine (PreParams<N, 1, K>: the blend's
     operands, K routed slots, kernels/glm_moe_combine.cuh's moe_combine_sums); the blend's output
     never reaches memory.
-  mu (the mix edge) and the collapsed row are written only when their edges have buffers; the
-  per-row x_out counters (`<hc_pre>.counters`) and the partial-sum hand-off slots
-  (`<hc_pre>.work`) are state buffers (kbpc.ir.state.hc_pre_state), zero at reset and left zero by
-  every launch.
+  The collapsed row is written only when its edge has a buffer; the per-row x_out counters
+  (`<hc_pre>.counters`) and the partial-sum hand-off slots (`<hc_pre>.work`) are state buffers
+  (kbpc.ir.state.hc_pre_state), zero at reset and left zero by every launch. With GATES_ASIDE the
+  boundary writes mu into `<hc_pre>.mix` and leaves the post gates, softmax and Sinkhorn to a second
+  launch, hc_gates, marked aside for the post-mix that reads them (the launch pass issue_aside puts
+  it on an extra stream); without it, mu is written only when its edge has a buffer and tail S runs
+  them.
 - fused:hc_head_norm (hc_post + hc_contract + final_norm): hc_head_norm, the last post-mix, the
   stream mean and the final RMSNorm in one CTA per row (the rms_norm family's reduction order);
   fused:moe_combine_head also holds the last MoE layer's blend (HeadParams<N, 1, K>).
@@ -56,6 +59,14 @@ TAIL_CTAS = 2          # kbp::mhc::kBoundaryTails: the Sinkhorn tail and the col
 MAX_FLAT = 81920       # kbp::mhc::kMaxBoundaryFlat: n_hc * hidden stream values (shared memory)
 SRC = {None: 0, "hc_post": 1, "hc_expand": 2}  # kbp::mhc::StreamSource of the merged node's op
 STREAM_OPS = ("hc_post", "hc_expand")
+# The post gates, softmax and bit-exact Sinkhorn of a boundary (~1.8 us on one warp, serial) run in
+# their own one-warp kernel beside the step (hc_gates, moved to an extra stream by the launch pass
+# issue_aside), not in the boundary's tail S: the next post-mix, a sublayer later, is their only
+# reader, but the boundary's dependents waited for its whole grid. Measured on an H200 (128-expert
+# seed shrink, 1k context, logits bit-equal): replay span 5188 -> 5095 us, the KDA boundary 6.8 ->
+# 6.3 us after its output projection, the MoE combine boundary 10.2 -> 9.0 us after the routed down;
+# 90 launches more (bench/NOTES.md, sixteenth session).
+GATES_ASIDE = True
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -67,7 +78,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         fits = len(front) <= 1 and len(blend) <= 1 and len(nodes) == 3 + len(front) + len(blend)
         require(fits and (not blend or (front and front[0].op == "hc_post")),
                 f"glm_mhc has no kernel for the nodes {ops}", group)
-        return [_boundary(ctx, group, front[0] if front else None, blend[0] if blend else None)]
+        return _boundary(ctx, group, front[0] if front else None, blend[0] if blend else None)
     if [op for op in ops if op != "blend"] == ["final_norm", "hc_contract", "hc_post"] and len(blend) <= 1:
         return [_head_norm(ctx, group, blend[0] if blend else None)]
     require(len(nodes) == 1, f"glm_mhc has no kernel for the nodes {ops}", group)
@@ -88,6 +99,12 @@ def boundary_instance(n: int, d: int, src: int, ranks: int = 1, rpc: int = CHAIN
     return KernelInstance("glm_mhc", BOUNDARY_HEADER,
                           f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {slots}, {rpc}>",
                           (f"kbp::mhc::PreParams<{n}, {ranks}, {slots}>",))
+
+
+def gates_instance(n: int) -> KernelInstance:
+    """kbp::mhc::hc_gates<N>: the post gates, softmax and Sinkhorn of a site from its mix outputs mu."""
+    return KernelInstance("glm_mhc", HEADER, f"kbp::mhc::hc_gates<{n}>",
+                          ("const float*", "const float*", "const float*", "float", "int", "float*", "float*"))
 
 
 def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA) -> tuple[int, int, int]:
@@ -219,7 +236,7 @@ def _stream_source(ctx: LowerCtx, front: Node | None, blend: Node | None,
     return 1, 0, (NULL, no_parts, NULL, NULL, ctx.buf(x, "float")), ctx.buf(h, f"const {BF16}")
 
 
-def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None, blend: Node | None) -> Launch:
+def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None, blend: Node | None) -> list[Launch]:
     mix, pre, norm = ctx.node(group, "linear:hc_mix"), ctx.node(group, "hc_pre"), ctx.node(group, "rms_norm")
     x, mu = ctx.input(mix), ctx.output(mix)
     streams, _ = split_inputs(ctx, pre, *STREAM_OPS)
@@ -237,21 +254,35 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None, blend: Nod
     require(iters >= 1, f"Sinkhorn needs at least one iteration, got {iters}", pre)
     rows = ctx.rows(x)
     require(all(ctx.rows(t) == rows for t in (post, comb, normed)), f"row counts disagree ({rows} streams)", pre)
-    counters_state, work_state = hc_pre_state(pre, rows, width)
+    counters_state, work_state, mix_state = hc_pre_state(pre, rows, width)
     ranks, k, head, h = _stream_source(ctx, front, blend, x)
     params = f"kbp::mhc::PreParams<{n}, {ranks}, {k}>"
+    # With GATES_ASIDE the boundary leaves the post gates and comb (comb = nullptr) to hc_gates, which
+    # reads mu from the mix state the tails write.
+    mu_out = _state(ctx, mix_state, "float", pre) if GATES_ASIDE else (
+        ctx.buf(mu, "float") if materialized(ctx, mu) else NULL)
     # Field order of PreParams: x, parts, post_in, comb_in, x_out, phi, alpha, beta, gamma, eps_n,
     # eps_hc, eps, iters, mix, counters, collapsed, normed, post, comb, h, work.
     fields = (*head, ctx.weight(mix, ctype=BF16), ctx.weight(pre, "alpha", "float"), ctx.weight(pre, "beta", "float"),
               ctx.weight(norm, ctype=BF16), flt(ctx.c.hc_norm_eps), flt(ctx.c.hc_eps), flt(ctx.c.hc_site_norm_eps),
-              lit(iters), ctx.buf(mu, "float") if materialized(ctx, mu) else NULL,
+              lit(iters), mu_out,
               _state(ctx, counters_state, "unsigned int", pre), ctx.buf(u) if materialized(ctx, u) else NULL,
-              ctx.buf(normed), ctx.buf(post, "float"), ctx.buf(comb, "float"), h,
+              ctx.buf(normed), ctx.buf(post, "float"), NULL if GATES_ASIDE else ctx.buf(comb, "float"), h,
               _state(ctx, work_state, "unsigned int", pre))
     nodes = tuple(nd.id for nd in (blend, front) if nd is not None) + (mix.id, pre.id, norm.id)
     inst = boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks, slots=k)
-    return Launch(inst, grid=boundary_grid(n, rows),
-                  block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
+    boundary = Launch(inst, grid=boundary_grid(n, rows),
+                      block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
+    if not GATES_ASIDE:
+        return [boundary]
+    readers = tuple(sorted({ctx.bp.node(t.dst).id for t in ctx.bp.outputs(pre.order) if t.id in (post.id, comb.id)}))
+    require(readers, f"nothing reads {pre.id}'s post gates and comb", pre)
+    gates = Launch(gates_instance(n), grid=(rows, 1, 1), block=(32, 1, 1), smem=0,
+                   args=(ctx.state(mix_state.name, "const float"), ctx.weight(pre, "alpha", "float"),
+                         ctx.weight(pre, "beta", "float"), flt(ctx.c.hc_eps), lit(iters), ctx.buf(post, "float"),
+                         ctx.buf(comb, "float")),
+                   group=group.id, nodes=(pre.id,), aside=readers)
+    return [boundary, gates]
 
 
 def _head_norm(ctx: LowerCtx, group: LoweredGroup, blend: Node | None) -> Launch:
