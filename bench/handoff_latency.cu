@@ -26,23 +26,10 @@
 
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                           \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
+#include "bench_cuda.cuh"
 
 enum Mode { kPlain = 0, kPdl = 1, kPdlEnd = 2, kFlag = 3 };
 static const char* kModeNames[] = {"plain", "pdl", "pdl_end", "flag"};
-
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
@@ -90,15 +77,8 @@ static Result run_mode(int mode, int grid, int chain, unsigned long long work_ns
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < chain; ++i) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(256);
-        cfg.stream = s;
         cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = mode == kPlain ? 0 : 1;
+        const cudaLaunchConfig_t cfg = launch_config(dim3(grid), dim3(256), s, mode != kPlain, attr);
         CK(cudaLaunchKernelEx(&cfg, link, mode, i, work_ns, go, done, counters, grid));
     }
     CK(cudaStreamEndCapture(s, &g));
