@@ -71,6 +71,7 @@ class GroupCode:
     nodes: tuple[str, ...]
     launches: tuple[Launch | Collective, ...]
     urgent: bool = False             # the schedule's: on the modelled critical path
+    mark: bool = True                # records its plan group's profile mark (False: an aside part after it does)
 
 
 @dataclass(frozen=True)

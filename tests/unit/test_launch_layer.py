@@ -162,6 +162,7 @@ def test_issue_aside_moves_a_launch_off_its_stream_and_orders_its_readers():
     assert step.streams == 3 and step.events == 4
     main, aside, b, c = step.groups
     assert main.launches == (launch(0),) and main.record == 2
+    assert not main.mark and aside.mark and b.mark and c.mark   # one profile mark per plan group
     assert (aside.group, aside.rule, aside.stream, aside.waits, aside.record) == (0, "aside:r0", 2, (2,), 3)
     assert aside.launches == (launch(0, aside=("c",)),)
     assert b == g1 and c.waits == (1, 3)
@@ -181,3 +182,19 @@ def test_tiny_step_issues_the_gates_aside(tiny_steps):
     for g in aside:
         readers = [r for r in step.groups if set(r.nodes) & set(g.launches[0].aside)]
         assert readers and all(g.record in r.waits for r in readers)
+
+
+def test_profile_marks_follow_the_plan_groups(tiny_path):
+    """kbp_profile_step records one mark per plan group, in the plan's launch order, whatever the
+    launch passes split off (the bench report maps the marks onto plan.schedule): the rendered step
+    declares as many groups as the plan schedules and records marks 0 .. n-1 once each."""
+    import re
+
+    plan = run_pipeline(load_blueprint(Path(tiny_path)), Options())
+    step = build_step(plan, "x")
+    assert len(step.groups) > len(plan.schedule)   # the aside parts
+    marked = [g.group for g in step.groups if g.mark]
+    assert marked == [s.group for s in sorted(plan.schedule, key=lambda s: s.position)]
+    text = generate(plan, "x").files["src/step.cu"]
+    assert f"/*groups*/ {len(plan.schedule)}," in text
+    assert [int(m) for m in re.findall(r"marks\[(\d+)\]", text)] == list(range(len(plan.schedule)))
