@@ -10,7 +10,9 @@ it) and OUT with .trace.json (Chrome/Perfetto: chrome://tracing or ui.perfetto.d
 stream), prints a short table. A bench script, not part of kbpc: torch is imported only in
 record_replays. The bundle runs through the product runner (kbpc/runtime/cuda_backend.py, as
 `kbpc bench` does); its graph replays are recorded with torch.profiler (Kineto over CUPTI), which
-sees the library's kernels because the runner and torch share the device's primary context."""
+sees the library's kernels because the runner and torch share the device's primary context. Each
+replay is a decode step as `kbpc bench` times it (`next_token`): the graph, then the runner's
+greedy kernel outside it (runtime_stub/kbp_greedy.cu), which the timeline leaves out."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +33,14 @@ _NOTHING = ("torch.profiler recorded no kernel of the step. Try: (1) python3 -c 
             "nvidia-cuda-cupti wheel (site-packages/nvidia/cuda_cupti/lib) on LD_LIBRARY_PATH; "
             "(3) CUDA_VISIBLE_DEVICES=0, so that torch and PyCUDA pick the same device (both use its "
             "primary context: kbpc/runtime/cuda_backend.py retains it through pycuda.autoprimaryctx).")
+
+
+RUNTIME_KERNELS = ("greedy_bf16",)   # launched by the runner after each replay, not in the graph
+
+
+def graph_records(records: list) -> list:
+    """The kernel records of the step graph: without the runner's own kernels."""
+    return [r for r in records if not any(k in r.name for k in RUNTIME_KERNELS)]
 
 
 def bundle_launches(model) -> list:
@@ -65,7 +75,7 @@ def record_replays(model, context: int, replays: int, warmup: int, weights: str)
         host = timed_steps(backend, warmup, replays)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(replays):
-                backend.step(1)
+                backend.next_token(1)
             torch.cuda.synchronize()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "kineto.json"
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         raw, host, start = record_replays(model, args.context, args.replays, args.warmup, args.weights)
         if args.raw:
             args.raw.write_text(json.dumps(raw))
-        records = kernel_records(raw)
+        records = graph_records(kernel_records(raw))
         if not records:
             raise TimelineError(_NOTHING)
         replays = split_replays(records, len(launches))

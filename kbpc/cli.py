@@ -286,6 +286,11 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--logits", "logits_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every position's logits, prompt positions included, as a float32 "
                    "positions x vocab .npy file (written atomically).")
+@click.option("--digest/--no-digest", default=True, show_default=True,
+              help="Report a SHA-256 of every position's logits (a checksum to compare runs). "
+                   "--no-digest: on the GPU the logits stay there; the greedy token is picked on the "
+                   "GPU and 8 bytes a step come back (the fastest decode). Non-finite logits stop the "
+                   "run either way.")
 @click.option("--no-act-quant", is_flag=True,
               help="Debugging aid: keep activations in BF16/FP32 where the blueprint quantizes them to "
                    "NVFP4 or FP8 (never the default). The reference backend runs its unquantized "
@@ -301,7 +306,7 @@ def _parse_ids(text: str) -> list[int]:
 @CONFIG_OPTION
 @reports_errors
 def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, backend: str,
-        context: int | None, as_json: bool, json_out: Path | None, logits_path: Path | None,
+        context: int | None, as_json: bool, json_out: Path | None, logits_path: Path | None, digest: bool,
         no_act_quant: bool, numerics: str, tp: int | None, trust_paths: tuple[Path, ...], config_path: Path | None) -> None:
     """Decode tokens greedily from MODEL (a signed .kbp bundle, verified before anything is loaded,
     or a blueprint JSON for the reference backend) and report the ids and tokens/s. --weights
@@ -344,7 +349,7 @@ def run(model: Path, prompt_ids: str, max_new_tokens: int, weights_source: str, 
     with Progress(transient=True, disable=as_json or steps < 8) as progress:
         task = progress.add_task(f"decoding ({chosen} backend)", total=steps)
         result = generate(step_backend, prompt, max_new_tokens, on_token=lambda _: progress.advance(task),
-                          on_logits=rows.append if logits_path else None)
+                          on_logits=rows.append if logits_path else None, digest=digest)
     if logits_path is not None:
         _write_logits(logits_path, rows)
     _report_run({"schema": "kbpc-run/v1", "backend": chosen, "model": str(source),
@@ -358,7 +363,8 @@ def _report_run(summary: dict, as_json: bool, json_out: Path | None) -> None:
     click.echo(f"prompt ids:    {','.join(map(str, summary['prompt_ids']))}")
     click.echo(f"generated ids: {','.join(map(str, summary['generated_ids']))}")
     click.echo(f"time per token: {summary['ms_per_token']:.2f} ms   decode: "
-               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: {summary['logits_sha256'][:16]}")
+               f"{summary['decode_tokens_per_s'] or 0:.2f} tok/s   logits sha256: "
+               f"{(summary['logits_sha256'] or '')[:16] or 'not computed (--no-digest)'}")
 
 
 def _write_logits(path: Path, rows: list) -> None:

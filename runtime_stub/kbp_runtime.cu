@@ -28,7 +28,8 @@ struct KbpHandle {
     std::vector<cudaEvent_t> events;   // the plan's events, then fork, then one join per stream
     std::vector<float> scalars;
     int* io = nullptr;                 // device: token, position, seq_len
-    int* io_host = nullptr;            // pinned
+    int* io_host = nullptr;            // pinned: token, position, seq_len uploaded; [4..5] greedy read-back
+    void* greedy = nullptr;            // device: kbp_greedy.cu's scratch
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     int use_graph = 1;
@@ -91,7 +92,9 @@ KbpHandle* kbp_create(void* arena, const void* const* weights, void* const* stat
     for (auto& ev : h->events)
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&h->io, 3 * sizeof(int));
-    if (e == cudaSuccess) e = cudaMallocHost(&h->io_host, 3 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMallocHost(&h->io_host, 8 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc(&h->greedy, KBP_GREEDY_SCRATCH_BYTES);
+    if (e == cudaSuccess) e = cudaMemsetAsync(h->greedy, 0, KBP_GREEDY_SCRATCH_BYTES, h->streams[0]);
     if (e != cudaSuccess) { fail("creating streams and buffers", e); kbp_destroy(h); return nullptr; }
     void* comm = kbp_tp_comm_buffer ? kbp_tp_comm_buffer() : nullptr;
     if (info.tp_ranks > 1 && comm == nullptr) {
@@ -160,6 +163,22 @@ int kbp_graph_edges(KbpHandle* h, int* programmatic, int* total) {
 
 void* kbp_logits(KbpHandle* h) { return kbp_logits_ptr((uint8_t*)h->bindings.arena); }
 
+int kbp_greedy(KbpHandle* h, int* token, int* nonfinite) {
+    const KbpStepInfo& info = kbp_step_info;
+    if (info.logits_bytes != 2ull * (unsigned long long)info.vocab)
+        return fail("the greedy token: the step's logits are not one BF16 row", cudaErrorNotSupported);
+    cudaStream_t s = h->streams[0];
+    cudaError_t e = kbp_greedy_enqueue(kbp_logits(h), info.vocab, h->greedy, s);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(h->io_host + 4, (uint8_t*)h->greedy + kbp_greedy_result_offset(), 2 * sizeof(int),
+                            cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) return fail("the greedy token", e);
+    *token = h->io_host[4];
+    *nonfinite = h->io_host[5];
+    return 0;
+}
+
 int kbp_destroy(KbpHandle* h) {
     if (!h) return 0;
     if (h->exec) cudaGraphExecDestroy(h->exec);
@@ -168,6 +187,7 @@ int kbp_destroy(KbpHandle* h) {
     for (auto s : h->streams) if (s) cudaStreamDestroy(s);
     if (h->io) cudaFree(h->io);
     if (h->io_host) cudaFreeHost(h->io_host);
+    if (h->greedy) cudaFree(h->greedy);
     delete h;
     return 0;
 }

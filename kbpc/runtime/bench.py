@@ -47,14 +47,24 @@ def fill_history(backend: CudaBackend, seed: int = 7) -> None:
             raise DeviceError(f"filling {spec['name']} with synthetic history failed (CUDA error {err})")
 
 
+GREEDY_ON_GPU = "token upload, graph replay, greedy token on the GPU and its 8-byte read-back"
+GREEDY_ON_HOST = "token upload, graph replay, logits copy and greedy scan on the host (a library without kbp_greedy)"
+
+
+def timed_step_covers(backend: CudaBackend) -> str:
+    """What one timed step includes, as the report says it."""
+    return GREEDY_ON_GPU if hasattr(backend.lib, "kbp_greedy") else GREEDY_ON_HOST
+
+
 def timed_steps(backend: CudaBackend, warmup: int, runs: int) -> list[float]:
-    """Seconds of each of `runs` steps (graph replays) after `warmup` untimed ones."""
+    """Seconds of each of `runs` decode steps (`next_token`: what a greedy decode loop pays for a
+    token) after `warmup` untimed ones."""
     for _ in range(warmup):
-        backend.step(1)
+        backend.next_token(1)
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        backend.step(1)
+        backend.next_token(1)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -76,10 +86,12 @@ def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int
         group_ms = backend.profile_step(1)
         device = local_device(backend.cuda).describe()
         edges = backend.graph_edges()
+        covers = timed_step_covers(backend)
     finally:
         backend.close()
     return Measurement(context=start, step_seconds=tuple(times), group_ms=tuple(float(x) for x in group_ms),
-                       bandwidth=yardstick[0], bandwidth_source=yardstick[1], device=device, graph_edges=edges)
+                       bandwidth=yardstick[0], bandwidth_source=yardstick[1], device=device, graph_edges=edges,
+                       timed_step=covers)
 
 
 def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int = 5,

@@ -29,6 +29,7 @@ class Measurement:
     bandwidth_source: str
     device: str
     graph_edges: tuple[int, int] | None = None   # (programmatic edges of the step graph, all its edges)
+    timed_step: str = ""             # what one timed step includes (bench.timed_step_covers)
 
 
 def _launch_order(plan: dict) -> list[dict]:
@@ -59,7 +60,7 @@ def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Meas
     return {
         "schema": SCHEMA, "blueprint_id": run.blueprint_id, "plan_digest": run.plan_digest, "target": run.target,
         "device": m.device, "bandwidth": {"bytes_per_s": m.bandwidth, "source": m.bandwidth_source},
-        "context": m.context, "runs": len(m.step_seconds),
+        "context": m.context, "runs": len(m.step_seconds), "timed_step": m.timed_step or None,
         "step_ms_median": median * 1e3, "step_ms_spread": step_spread_ms(m.step_seconds), "tokens_per_s": 1.0 / median,
         "bytes_per_token": step_bytes, "floor_ms": floor_us / 1e3, "roofline_fraction": (floor_us / 1e6) / median,
         "launches_per_step": run.launches,

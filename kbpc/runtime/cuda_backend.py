@@ -2,8 +2,9 @@
 
 The runner owns memory (weights, arena, state) through PyCUDA on the primary context that
 `pycuda.autoprimaryctx` retains; the bundle's library (loaded with ctypes, sharing that context)
-captures the step into a CUDA graph and replays it. Logits come back to the host and the token is
-picked as `argmax_host` says."""
+captures the step into a CUDA graph and replays it. The greedy token is picked on the GPU with
+`argmax_host`'s math (runtime_stub/kbp_greedy.cu): `next_token` reads back 8 bytes a step, `step`
+also copies the logits row (libraries built before kbp_greedy pick it on the host)."""
 from __future__ import annotations
 
 import ctypes
@@ -60,6 +61,8 @@ def _load_library(path: Path) -> ctypes.CDLL:
     lib.kbp_destroy.argtypes = [ctypes.c_void_p]
     lib.kbp_last_error.restype = ctypes.c_char_p
     lib.kbp_profile_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    if hasattr(lib, "kbp_greedy"):        # libraries of earlier bundles lack it
+        lib.kbp_greedy.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     if hasattr(lib, "kbp_graph_edges"):   # libraries of earlier bundles lack it
         lib.kbp_graph_edges.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     lib.kbp_fill_synthetic.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int,
@@ -68,7 +71,8 @@ def _load_library(path: Path) -> ctypes.CDLL:
 
 
 class CudaBackend:
-    """One sequence on one GPU. `step(token)` -> (logits float32, greedy token)."""
+    """One sequence on one GPU. `step(token)` -> (logits float32, greedy token);
+    `next_token(token)` -> (greedy token, non-finite logits), without the logits row."""
 
     def __init__(self, model: BundleModel, weights_source: str | None, max_context: int | None = None,
                  use_graph: bool = True):
@@ -164,15 +168,40 @@ class CudaBackend:
                 self.cuda.memcpy_htod(buf, np.arange(spec.shape[0], dtype=np.int32))
         self.position = 0
 
-    def step(self, token: int) -> tuple[np.ndarray, int]:
+    def _enqueue(self, token: int) -> None:
         if self.position >= self.max_context:
             raise DeviceError(f"context is full ({self.max_context} tokens)")
-        if self.lib.kbp_step(self.handle, int(token), self.position) or self.lib.kbp_sync(self.handle):
+        if self.lib.kbp_step(self.handle, int(token), self.position):
+            raise DeviceError(f"decode step failed: {self.lib.kbp_last_error().decode()}")
+        self.position += 1
+
+    def greedy(self) -> tuple[int, int]:
+        """(greedy token, infinite or NaN logits) of the logits the last step left, computed on the
+        GPU; waits for the step. Libraries without kbp_greedy copy the row and scan it here."""
+        if not hasattr(self.lib, "kbp_greedy"):
+            logits = self.logits()
+            return int(argmax_host(logits)), int((~np.isfinite(logits)).sum())
+        token, bad = ctypes.c_int(), ctypes.c_int()
+        if self.lib.kbp_greedy(self.handle, ctypes.byref(token), ctypes.byref(bad)):
+            raise DeviceError(f"decode step failed: {self.lib.kbp_last_error().decode()}")
+        return token.value, bad.value
+
+    def logits(self) -> np.ndarray:
+        """The last step's logits as float32 (waits for the step)."""
+        if self.lib.kbp_sync(self.handle):
             raise DeviceError(f"decode step failed: {self.lib.kbp_last_error().decode()}")
         self.cuda.memcpy_dtoh(self._logits, self.lib.kbp_logits(self.handle))
-        self.position += 1
-        logits = bf16_from_bits(self._logits)
-        return logits, int(argmax_host(logits))
+        return bf16_from_bits(self._logits)
+
+    def next_token(self, token: int) -> tuple[int, int]:
+        """Feed one token; (greedy next token, non-finite logits): 8 bytes come back, not the row."""
+        self._enqueue(token)
+        return self.greedy()
+
+    def step(self, token: int) -> tuple[np.ndarray, int]:
+        self._enqueue(token)
+        nxt, _ = self.greedy()
+        return self.logits(), nxt
 
     def profile_step(self, token: int) -> np.ndarray:
         """Milliseconds per group (launch order) of one serialized, eager step."""

@@ -47,6 +47,11 @@ def test_report_adds_up_and_follows_the_schema(fake):
     assert report["floor_ms"] == pytest.approx(sum(fbytes.values()) / 4.0e12 * 1e3)
     assert report["bandwidth"]["source"] == "given (--bandwidth)"
     assert report["graph_edges"] is None   # the made-up measurement has no captured graph
+    assert report["timed_step"] is None    # nor says what its steps covered
+    from kbpc.runtime.bench import GREEDY_ON_GPU
+    said = bench_report(run, plan, fbytes, dataclasses.replace(m, timed_step=GREEDY_ON_GPU))
+    jsonschema.validate(said, json.loads(SCHEMA.read_text()))
+    assert said["timed_step"] == GREEDY_ON_GPU
 
 
 def test_report_carries_the_graph_edges(fake):

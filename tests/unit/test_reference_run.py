@@ -96,3 +96,57 @@ def test_context_overflow_is_an_error(tiny):
     backend.step(2)
     with pytest.raises(KbpcError, match="context is full"):
         backend.step(3)
+
+
+class _TokenOnly:
+    """A backend with both paths: `next_token` (the GPU's, logits left on the device) and `step`."""
+    vocab = 16
+
+    def __init__(self, bad_at: int | None = None):
+        self.calls: list[str] = []
+        self.position, self.bad_at = 0, bad_at
+
+    def _logits(self) -> np.ndarray:
+        z = np.zeros(self.vocab, np.float32)
+        z[(3 * self.position + 1) % self.vocab] = 1.0
+        if self.position == self.bad_at:
+            z[0] = np.nan
+        return z
+
+    def step(self, token):
+        self.calls.append("step")
+        z = self._logits()
+        self.position += 1
+        return z, int(np.nanargmax(z))
+
+    def next_token(self, token):
+        self.calls.append("next_token")
+        z = self._logits()
+        self.position += 1
+        return int(np.nanargmax(z)), int((~np.isfinite(z)).sum())
+
+
+def test_without_digest_the_logits_stay_on_the_device():
+    fast, full = _TokenOnly(), _TokenOnly()
+    a = generate(fast, [1, 2], 4, digest=False)
+    b = generate(full, [1, 2], 4)
+    assert set(fast.calls) == {"next_token"} and set(full.calls) == {"step"}
+    assert a.generated_ids == b.generated_ids
+    assert a.to_json()["logits_sha256"] is None and len(b.to_json()["logits_sha256"]) == 64
+    rows = []
+    generate(_TokenOnly(), [1], 2, on_logits=rows.append, digest=False)   # a logits callback needs the row
+    assert len(rows) == 2
+
+
+@pytest.mark.parametrize("digest", [True, False])
+def test_non_finite_logits_stop_the_run_on_either_path(digest):
+    with pytest.raises(KbpcError, match="1 non-finite logits at position 2"):
+        generate(_TokenOnly(bad_at=2), [1, 2], 4, digest=digest)
+
+
+def test_run_without_digest_reports_null(tiny_path):
+    result = CliRunner().invoke(main, ["run", str(tiny_path), "--backend", "reference", "--prompt-ids", "4,5",
+                                       "--max-new-tokens", "2", "--no-digest", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["logits_sha256"] is None and len(report["generated_ids"]) == 2

@@ -115,6 +115,19 @@ def test_replays_split_by_correlation_or_by_count():
         split_replays([], 4)
 
 
+def test_the_runner_greedy_kernel_is_not_a_graph_launch():
+    """Each timed step ends with the runner's greedy kernel (runtime_stub/kbp_greedy.cu), launched
+    after the graph: the timeline drops it, so the records split into whole replays again."""
+    from replay_timeline import graph_records
+    records = kernel_records(_kineto(3, correlation=False))
+    greedy = [KernelRecord("(anonymous namespace)::greedy_bf16(unsigned short const*, int, "
+                           "(anonymous namespace)::GreedyScratch*)", 5900.0 + 1000 * i, 5901.0 + 1000 * i, 7, None)
+              for i in range(3)]
+    with pytest.raises(TimelineError, match="not whole replays"):
+        split_replays(records + greedy, len(LAUNCHES))
+    assert [len(r) for r in split_replays(graph_records(records + greedy), len(LAUNCHES))] == [4, 4, 4]
+
+
 def test_summary_of_a_synthetic_trace():
     s = summarize(split_replays(kernel_records(_kineto(3)), len(LAUNCHES)), LAUNCHES)
     assert s["replays"] == 3 and s["unmatched_records"] == 0
