@@ -14,6 +14,11 @@
 //   partials     float [rows][S][H][E + 4]   per slice and head: o (E), m, l, 2 pad (scratch)
 //   counters     uint32_t [rows][H / HPC]    arrivals per head group; zero at launch, left zero
 //   E a multiple of 512; HPC in {1, 2, 4}; H a multiple of HPC.
+//   glm_mla_decode_fast_quant<E, HPC>(same arguments..., codes, scales, sync)   (fusion rule
+//   mla_attend_quant) also quantizes each output row to per-token FP8 as w8a8_act_quant_row<H*E>
+//   would (the same bytes): codes uint8 [rows][H*E], scales float [rows], sync uint32
+//   [rows][H/HPC + 2] (per head group one amax slot, then arrive and depart counts; zero at launch,
+//   the counts left zero). `out` (BF16, the bits the unfused form writes) may be nullptr here.
 //
 // Math (explain.families.glm_mla_decode) in this form's order; slice s takes selection entries
 // s, s + S, s + 2S, ... (strided, so skipped tails spread over all slices), `chunk` at a time:
@@ -29,6 +34,14 @@
 // - merge (last CTA of the head group): M = max_s m_s, f_s = exp(m_s - M) (0 for an empty slice),
 //   L = sum_s fl(l_s f_s), O_c = sum_s fl(o_sc f_s) in slice order; out = rn_bf16(fl(fl(O_c s_k) / L)),
 //   zeros when L = 0 (no valid entry).
+// Quantizer (the fused form): each head group's merging CTA takes the max |y| of its BF16 outputs,
+// publishes it in its slot and arrives; once every group has arrived (a spin: every merging CTA is
+// resident, being the last running CTA of its group, and the grid's other CTAs have all started
+// before any dependent may launch, so none waits for an SM a spinner holds) each takes the row's
+// max over the slots (order-free), s = fp8_scale(max), and encodes its own outputs
+// (sat_e4m3(clamp(y / s)), w8a8_act_quant.cuh's expression); group 0 stores s. The last CTA to
+// depart zeroes the counts. Each CTA encodes HPC * E values, 8 a thread at the seed's shape,
+// instead of a quantizer launch after the decode's grid.
 // exp is kbp::exp_f32, the exact form's. The bound against the reference, per output, is
 // kbpc/reference/glm_mla_decode_fast.py (fast_bound), tested in tests/gpu/test_gpu_mla_decode_fast.py.
 // PDL: every step input is read after pdl_wait() through ld_step or cp.async.cg (L2); dependents are
@@ -38,6 +51,7 @@
 #include "dsa_indexer_common.cuh"   // transpose_reduce
 #include "glm_mla_decode.cuh"       // mla_codes2, MlaFactors
 #include "kbp_common.cuh"
+#include "w8a8_act_quant.cuh"       // fp8_scale
 
 namespace kbp {
 
@@ -111,10 +125,12 @@ __device__ __forceinline__ void mla_codes_n(const uint8_t* p, float (&v)[CPT]) {
     }
 }
 
-// The last CTA of a head group: merge the S partials in slice order and write the output.
+// The last CTA of a head group: merge the S partials in slice order and write the output (its
+// values, as the BF16 stored, also in y).
 template <int E, int HPC>
 __device__ __forceinline__ void mla_fast_merge(const float* part, int slices, size_t slice_stride, float s_k,
-                                               float* fmerge, float* m_sh, float* l_sh, __nv_bfloat16* dst) {
+                                               float* fmerge, float* m_sh, float* l_sh, __nv_bfloat16* dst,
+                                               float (&y)[HPC][E / MLA_FAST_THREADS]) {
     constexpr int CPT = E / MLA_FAST_THREADS;
     constexpr size_t PS = E + 4;
     const int t = threadIdx.x;
@@ -157,17 +173,88 @@ __device__ __forceinline__ void mla_fast_merge(const float* part, int slices, si
     for (int h = 0; h < HPC; ++h) {
         const float l = l_sh[h];
 #pragma unroll
-        for (int c = 0; c < CPT; ++c)
-            dst[(size_t)h * E + t * CPT + c] = f32_to_bf16(l > 0.0f ? (acc[h][c] * s_k) / l : 0.0f);
+        for (int c = 0; c < CPT; ++c) {
+            const __nv_bfloat16 b = f32_to_bf16(l > 0.0f ? (acc[h][c] * s_k) / l : 0.0f);
+            if (dst != nullptr) dst[(size_t)h * E + t * CPT + c] = b;
+            y[h][c] = bf16_to_f32(b);
+        }
     }
 }
 
+// Where the fused quantizer writes (see the launch contract).
+struct MlaQuantOut {
+    uint8_t* codes;    // [rows][H*E]
+    float* scales;     // [rows]
+    uint32_t* sync;    // [rows][groups + 2]
+};
+
+constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
+
+__device__ __forceinline__ uint32_t mla_load_acquire(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The merging CTA of head group hg of row r: the row's per-token FP8 scale from every group's max,
+// then this group's codes (heads hg*HPC.., y from mla_fast_merge).
 template <int E, int HPC>
+__device__ __forceinline__ void mla_fast_quant(const float (&y)[HPC][E / MLA_FAST_THREADS], int hg, int groups,
+                                               int r, const MlaQuantOut& qo) {
+    constexpr int CPT = E / MLA_FAST_THREADS;
+    static_assert(CPT % 2 == 0, "codes stored in pairs");
+    __shared__ float red[MLA_FAST_WARPS];
+    __shared__ float scale_sh;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    float m = 0.0f;
+#pragma unroll
+    for (int h = 0; h < HPC; ++h)
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) m = fmaxf(m, fabsf(y[h][c]));
+    m = warp_max_xor(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (t == 0) {
+        uint32_t* sync = qo.sync + (size_t)r * (groups + 2);
+        float* slots = reinterpret_cast<float*>(sync);
+        float cm = red[0];
+#pragma unroll
+        for (int w = 1; w < MLA_FAST_WARPS; ++w) cm = fmaxf(cm, red[w]);
+        __stcg(slots + hg, cm);
+        __threadfence();
+        atomicAdd(sync + groups, 1u);
+        for (long long n = 0; mla_load_acquire(sync + groups) < (uint32_t)groups; ++n)
+            if (n > kMlaSpinLimit) __trap();   // a group never arrived: a bug, never a hang
+        float g = 0.0f;
+        for (int i = 0; i < groups; ++i) g = fmaxf(g, __ldcg(slots + i));
+        scale_sh = fp8_scale(g);
+        if (atomicAdd(sync + groups + 1, 1u) == (uint32_t)groups - 1) {   // every group is past its spin
+            sync[groups] = 0u;
+            sync[groups + 1] = 0u;
+        }
+    }
+    __syncthreads();
+    const float s = scale_sh;
+    const size_t H = (size_t)groups * HPC;
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+        uint8_t* dst = qo.codes + ((size_t)r * H + (size_t)hg * HPC + h) * E + t * CPT;
+#pragma unroll
+        for (int c = 0; c < CPT; c += 2) {
+            const uint8_t lo = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y[h][c], s), -448.0f), 448.0f));
+            const uint8_t hi = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y[h][c + 1], s), -448.0f), 448.0f));
+            *reinterpret_cast<uint16_t*>(dst + c) = (uint16_t)(lo | (hi << 8));
+        }
+    }
+    if (hg == 0 && t == 0) qo.scales[r] = s;
+}
+
+template <int E, int HPC, bool QUANT = false>
 __device__ __forceinline__ void glm_mla_decode_fast_body(
     const __nv_bfloat16* q, const uint8_t* cache,
     const int32_t* block_table, int page_size, const int32_t* sel, int width,
     const int32_t* seq_len_ptr, float s_k, int chunk, __nv_bfloat16* out,
-    float* partials, uint32_t* counters) {
+    float* partials, uint32_t* counters, MlaQuantOut qo = MlaQuantOut{}) {
     static_assert(E % 512 == 0, "a lane owns 16-byte chunks of 16 channels");
     static_assert(HPC == 1 || HPC == 2 || HPC == 4, "32 / HPC rows per transposed butterfly");
     constexpr int CH = E / 512, CPT = E / MLA_FAST_THREADS, R = 32 / HPC, PIECES = E / 16;
@@ -289,8 +376,10 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     __syncthreads();
     if (!last_flag) return;
     __threadfence();
+    float y[HPC][CPT];
     mla_fast_merge<E, HPC>(partials + ((size_t)r * slices * H + hg * HPC) * PS, slices, (size_t)H * PS, s_k, fmerge,
-                           m_sh, l_sh, out + ((size_t)r * H + hg * HPC) * E);
+                           m_sh, l_sh, out == nullptr ? nullptr : out + ((size_t)r * H + hg * HPC) * E, y);
+    if constexpr (QUANT) mla_fast_quant<E, HPC>(y, hg, groups, r, qo);
 }
 
 template <int E, int HPC>
@@ -301,6 +390,16 @@ __global__ void __launch_bounds__(MLA_FAST_THREADS) glm_mla_decode_fast(
     float* partials, uint32_t* counters) {
     glm_mla_decode_fast_body<E, HPC>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, chunk, out,
                                      partials, counters);
+}
+
+template <int E, int HPC>
+__global__ void __launch_bounds__(MLA_FAST_THREADS) glm_mla_decode_fast_quant(
+    const __nv_bfloat16* q, const uint8_t* cache,
+    const int32_t* block_table, int page_size, const int32_t* sel, int width,
+    const int32_t* seq_len_ptr, float s_k, int chunk, __nv_bfloat16* out,
+    float* partials, uint32_t* counters, uint8_t* codes, float* scales, uint32_t* sync) {
+    glm_mla_decode_fast_body<E, HPC, true>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, chunk,
+                                           out, partials, counters, MlaQuantOut{codes, scales, sync});
 }
 
 }  // namespace kbp

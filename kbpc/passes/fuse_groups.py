@@ -62,6 +62,10 @@ def fuse_groups(plan: Plan) -> Plan:
                 records.append(FusionRecord(rule.name, members, False,
                                             f"opt-in (--fuse-rule {rule.name}): {rule.off_by_default_why}"))
                 continue
+            if rule.numerics is not None and plan.options.numerics != rule.numerics:
+                records.append(FusionRecord(rule.name, members, False,
+                                            f"the fused form exists in numerics {rule.numerics} only"))
+                continue
             if not plan.options.act_quant and "act_quant" in rule.ops:
                 records.append(FusionRecord(rule.name, members, False,
                                             "activation quantization is off (--no-act-quant): the fused "

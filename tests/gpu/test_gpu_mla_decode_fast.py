@@ -14,7 +14,13 @@ launches on the same inputs must give the same bits, and the arrival counters mu
 Sizes: 1k tokens all valid, the seed's 2052-entry list at 1k (a -1 tail) and at 16k context (with -1,
 out-of-range ids and duplicates), few tokens, heads 32 and 16 (4 heads per CTA) and 2 (2 per CTA),
 rows 1 and 2, a split with several chunks and staging rounds per CTA, a 1024-wide latent, and a
-selection with nothing to attend (zeros)."""
+selection with nothing to attend (zeros).
+
+The fused form (glm_mla_decode_fast_quant, rule mla_attend_quant) runs on the same inputs: its BF16
+output must be the unfused form's bits, its codes and scales exactly the reference per-token FP8
+quantizer of that output (kbpc.reference.w8a8_act_quant.quant_row: w8a8_act_quant_row's bytes),
+over two launches (its arrival counts must come back zero), and with the BF16 output not written
+(nullptr), as the step passes it."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +32,7 @@ from kbpc.reference.gemv_bounds import within
 from kbpc.reference.glm_mla_decode import mla_decode
 from kbpc.reference.glm_mla_decode_fast import FAST_THREADS, PARTIAL_PAD, FastSplit, fast_bound, fast_split
 from kbpc.reference.glm_mla_latent_write import LatentCacheLayout
+from kbpc.reference.w8a8_act_quant import quant_row
 from kbpc.targets import get_target
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +44,7 @@ SHAPES = [(512, 4), (512, 2), (512, 1), (1024, 4)]
 
 def instances():
     """The instances this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
-    return [lower_mla.fast_instance(e, hpc) for e, hpc in SHAPES]
+    return [lower_mla.fast_instance(e, hpc, quant) for e, hpc in SHAPES for quant in (False, True)]
 
 
 def _selection(rng, kind, rows, width, seq_len):
@@ -81,6 +88,7 @@ def _decode_fast(heads, width, seq_len, kind="mixed", rows=1, e=512, split=None,
         bits.append(gpu.fetch(out))
         assert not counters.get().any(), "arrival counters not returned to zero"
     np.testing.assert_array_equal(bits[0], bits[1], "two launches on the same inputs differ")
+    _check_fused(split, e, heads, rows, args, bits[0])
     got = bf16_from_bits(bits[0])
     for r in range(rows):
         rows_of = lambda ids: layout.rows(cache, table, ids)   # noqa: E731
@@ -94,6 +102,29 @@ def _decode_fast(heads, width, seq_len, kind="mixed", rows=1, e=512, split=None,
         assert same >= 0.9, f"row {r}: only {same:.3f} of outputs equal the reference bits"
         if nothing_row and r == rows - 1:
             assert not got[r].any(), "a row with nothing to attend must be zeros"
+
+
+def _check_fused(split, e, heads, rows, args, want_bits):
+    """The fused quantizing form on the unfused launch's inputs (see the module docstring)."""
+    from kbpc.testing import gpu
+    from kbpc.testing.launchers import launcher
+
+    run = launcher(lower_mla.fast_instance(e, split.hpc, True))
+    groups = heads // split.hpc
+    partials = gpu.poisoned((rows, split.slices, heads, e + PARTIAL_PAD), np.float32)
+    counters = gpu.to_gpu(np.zeros((rows, groups), np.uint32))
+    sync = gpu.to_gpu(np.zeros((rows, groups + 2), np.uint32))
+    want_codes, want_scales = quant_row(bf16_from_bits(want_bits).reshape(rows, heads * e))
+    for keep_bf16 in (True, False):
+        out = gpu.poisoned((rows, heads, e), np.uint16) if keep_bf16 else None
+        codes, scales = gpu.poisoned((rows, heads * e), np.uint8), gpu.poisoned((rows,), np.float32)
+        run(split.grid(heads, rows), (FAST_THREADS, 1, 1), *args, out, partials, counters, codes, scales, sync,
+            smem=split.smem_bytes(e))
+        if keep_bf16:
+            np.testing.assert_array_equal(gpu.fetch(out), want_bits, "the fused form's BF16 output differs")
+        np.testing.assert_array_equal(gpu.fetch(codes), want_codes, "codes differ from w8a8_act_quant_row's")
+        np.testing.assert_array_equal(gpu.fetch(scales), want_scales, "scales differ from w8a8_act_quant_row's")
+        assert not counters.get().any() and not sync.get()[:, groups:].any(), "arrival counts not back at zero"
 
 
 @pytest.mark.parametrize("heads,width,seq_len,kind", [

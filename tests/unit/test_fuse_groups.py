@@ -438,3 +438,41 @@ def test_router_expert_quant_refusals(tiny_bp):
         plan, mine = records(options)
         assert mine and all(not f.applied and reason in f.reason for f in mine), options
         assert sum(g.rule == "fused:router_gemv_topk" for g in plan.groups) == len(mine)
+
+
+def test_mla_attend_quant_merges_in_fast_mode_only(tiny_bp):
+    """Before: the MLA decode | its output's per-token FP8 quantizer, two groups per DSA block.
+    After (asked for with --fuse-rule, in fast mode): one glm_mla_decode group holding both, the
+    BF16 decode output without a buffer (the codes and scales still one: the output projection reads
+    them), one launch fewer per DSA block. By default it is left apart as measured; in exact mode it
+    is refused with its reason (no exact fused form); the check says why not for a quantizer of
+    another row."""
+    from kbpc.codegen.emit import build_step
+    attends = [n for n in tiny_bp.nodes() if n.op == "mla_attention"]
+    quants = {n.block: n for n in tiny_bp.nodes() if n.op == "act_quant"
+              and any(t.src == a.order for a in attends for t in tiny_bp.inputs(n.order))}
+    assert attends and len(quants) == len(attends)
+    after = fuse_groups(_before(tiny_bp, add_fusions=("mla_attend_quant",)))
+    merged = [g for g in after.groups if g.rule == "fused:mla_attend_quant"]
+    assert len(merged) == len(attends)
+    for g, a in zip(merged, attends):
+        assert g.nodes == (a.id, quants[a.block].id) and g.family == "glm_mla_decode"
+    asked = Options(add_fusions=("mla_attend_quant",))
+    plan = run_pipeline(tiny_bp, asked, verify=True)
+    names = {b.name for b in plan.buffers}
+    for a in attends:
+        (out,) = tiny_bp.outputs(a.order)
+        assert buffer_name(tiny_bp, out) not in names
+        (codes,) = tiny_bp.outputs(quants[a.block].order)
+        assert buffer_name(tiny_bp, codes) in names
+    count = {k: sum(len(g.launches) for g in build_step(run_pipeline(tiny_bp, o), "x").groups)
+             for k, o in (("on", asked), ("off", Options()))}
+    assert count["on"] == count["off"] - len(attends)
+    default = [f for f in run_pipeline(tiny_bp, Options()).fusions if f.rule == "mla_attend_quant"]
+    assert default and all(not f.applied and "opt-in" in f.reason for f in default)
+    exact = run_pipeline(tiny_bp, dataclasses.replace(asked, numerics="exact"))
+    refused = [f for f in exact.fusions if f.rule == "mla_attend_quant"]
+    assert len(refused) == len(attends) and all(not f.applied and "numerics fast only" in f.reason for f in refused)
+    rule = next(r for r in FUSION_RULES if r.name == "mla_attend_quant")
+    other = next(n for n in tiny_bp.nodes() if n.op == "act_quant" and n not in quants.values())
+    assert "does not read the decode's output" in rule.check(tiny_bp, [attends[0], other])

@@ -1,11 +1,13 @@
 """Lowering of glm_mla_attend groups (sparse MLA decode, split over the attended tokens) on the
 tiny blueprint and the seed, in both numerics modes: `exact` launches the merge-tree split with its
-merge state, `fast` the sliced form with its partials (and neither allocates the other's)."""
+merge state, `fast` the sliced form with its partials (and neither allocates the other's); with
+the output quantizer fused in (rule mla_attend_quant, fast only) the quantizing entry, its codes,
+scales and sync words, and no BF16 output buffer."""
 from __future__ import annotations
 
 import pytest
 
-from kbpc.codegen.args import StepInput, lit
+from kbpc.codegen.args import NULL, StepInput, lit
 from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families import glm_mla_decode
 from kbpc.frontend.load import load_blueprint
@@ -39,11 +41,13 @@ def _common_args(ctx, plan, node, args):
     assert s_k == ctx.weight_value(writer, "k_scale")
 
 
-def _attend_launches(path, numerics):
-    """plan, ctx, the latent width, heads, and (launch, attend node) of every glm_mla_attend group."""
-    plan, ctx = _plan(path, numerics=numerics)
+def _attend_launches(path, numerics, rule="glm_mla_attend"):
+    """plan, ctx, the latent width, heads, and (launch, attend node) of every glm_mla_attend group
+    (`rule`: the groups' rule, fused:mla_attend_quant for the quantizing form)."""
+    add = ("mla_attend_quant",) if rule == "fused:mla_attend_quant" else ()
+    plan, ctx = _plan(path, numerics=numerics, add_fusions=add)
     found = [g for g in plan.groups if g.family == "glm_mla_decode"]
-    assert found and all(g.rule == "glm_mla_attend" for g in found)
+    assert found and all(g.rule == rule for g in found)
     pairs = [(l, ctx.node(g, "mla_attention")) for g in found for l in glm_mla_decode.lower(ctx, g)]
     assert len(pairs) == len(found)
     sym = plan.blueprint.symbols
@@ -91,6 +95,25 @@ def test_decode_launch_fast(tiny_path):
         assert state[f"{node.id}.partials"].nbytes == split.slices * heads * (e + 4) * 4
         assert state[f"{node.id}.counters"].nbytes == heads // split.hpc * 4
         assert f"{node.id}.merge" not in state
+
+
+def test_decode_launch_fast_quant(tiny_path):
+    plan, ctx, e, heads, pairs = _attend_launches(tiny_path, "fast", rule="fused:mla_attend_quant")
+    for launch, node in pairs:
+        split = fast_split(heads, launch.args[5].value, 1, get_target("sm_90").sms, e)
+        assert launch.instance.kernel == f"kbp::glm_mla_decode_fast_quant<{e}, {split.hpc}>"
+        assert len(launch.args) == len(launch.instance.params) == 15
+        _common_args(ctx, plan, node, launch.args[:8])
+        out, codes, scales, sync = launch.args[9], *launch.args[12:]
+        assert out == NULL   # the quantizer, fused in, was the BF16 output's only reader
+        quant = next(n for n in plan.blueprint.nodes() if n.op == "act_quant"
+                     and any(t.src == node.order for t in plan.blueprint.inputs(n.order)))
+        assert set(launch.nodes) == {node.id, quant.id}
+        q = ctx.quant(ctx.output(quant))
+        assert (codes, scales) == (q.codes, q.scales)
+        assert sync == ctx.state(f"{node.id}.quant_sync", "uint32_t")
+        state = {s.name: s for s in plan.state}
+        assert state[f"{node.id}.quant_sync"].shape == (1, heads // split.hpc + 2)
 
 
 def test_fast_split_geometry():
