@@ -3,7 +3,7 @@
 // (family header dsa_indexer.cuh: state, math, order).
 //
 // Launch contract
-//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
+//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
 //       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
 //   q float [H][D]; raw_w float [H] = (W_w x)_h; pool keys as the family header says (FP8 picks
 //   pool_codes + pool_scales, else pool_keys; the other pointers may be null); scores float
@@ -11,7 +11,9 @@
 //   sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
 //   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
 //   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below. MMA (FP32
-//   cache only; numerics `fast`) scores on BF16 tensor cores (dsa_index_score_mma.cuh).
+//   cache only; numerics `fast`) scores on BF16 tensor cores (dsa_index_score_mma.cuh). ORDER_FREE
+//   (numerics `fast`: the decode reading the list takes it as a set, in an order of its own): when
+//   the top k holds every valid pool, the list is those pools in index order, with no scores.
 //
 // Work. Phase 1, every CTA: the valid pools are cut into G contiguous ranges of whole 32-pool
 // chunks; a CTA stages its chunks in shared memory (cp.async, double-buffered; the FP8 cache is
@@ -25,6 +27,14 @@
 // (score key, complemented pool index) in shared memory, or, when the bin holds more candidates
 // than fit, by radix passes over the scores in memory; sorts the k by rank (bitonic) and expands
 // them. It clears `hist` and `arrive` for the next launch.
+//
+// ORDER_FREE. While the context holds at most TOPK_POOLS complete pools (2048 tokens in the seed),
+// the top k is every valid pool whatever the scores: the set is known from SEQ and POS alone, and
+// only its rank order needs the scores. A consumer that takes the selection as a set (the fast MLA
+// decode deals the entries to slices and has its own accumulation order) does not need that order,
+// so CTA 0 writes pools 0 .. k-1 in index order (then the tail, then -1) after the wait and every
+// CTA returns: no key is read, scores, hist and arrive are left as they are (zero). Past that
+// context the launch is the ranked form's, bit for bit.
 //
 // QROT. The normalised Walsh-Hadamard matrix is symmetric and orthogonal (FWHT(FWHT(x)) = D x), so
 // q . ktilde = q . FWHT(sigma c) / D = (sigma / D) (FWHT(q) . c), c = e4m3(code). Each warp rotates
@@ -328,7 +338,7 @@ __device__ __forceinline__ void dsa_score_chunks(DsaSelectPhase1<H, D, FP8>& p1,
     }
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA>
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA, bool ORDER_FREE>
 __device__ __forceinline__ void dsa_index_select_body(
     const float* q, const float* raw_w, const float* pool_keys,
     const uint8_t* pool_codes, const float* pool_scales,
@@ -351,6 +361,12 @@ __device__ __forceinline__ void dsa_index_select_body(
     // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
     const int s_len = seq_len[0], t_pos = tau[0];
     const int n = dsa_valid_pools(s_len, t_pos, KP), k = dsa_topk_count(s_len, t_pos, KP, TOPK_POOLS);
+    if (ORDER_FREE && k == n) {   // every valid pool is selected: the set needs no score
+        ::kbp::pdl_launch_dependents();
+        ::kbp::pdl_wait();        // sel_tokens' bytes may still be read by an earlier kernel
+        if (blockIdx.x == 0) dsa_expand<KP, TOPK_POOLS>([](int r) { return r; }, k, s_len, t_pos, sel_tokens);
+        return;
+    }
     int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
     per = max(CH, (per + CH - 1) / CH * CH);
     const int begin = min(n, (int)blockIdx.x * per), end = min(n, begin + per);
@@ -441,13 +457,13 @@ __device__ __forceinline__ void dsa_index_select_body(
     dsa_expand<KP, TOPK_POOLS>([&](int r) { return dsa_rank_index(sorted[r]); }, k, s_len, t_pos, sel_tokens);
 }
 
-template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA>
+template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA, bool ORDER_FREE>
 __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
     const float* q, const float* raw_w, const float* pool_keys,
     const uint8_t* pool_codes, const float* pool_scales,
     const int32_t* seq_len, const int32_t* tau, float* scores,
     uint32_t* hist, uint32_t* arrive, int32_t* sel_tokens) {
-    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
+    dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
                                                            tau, scores, hist, arrive, sel_tokens);
 }
 

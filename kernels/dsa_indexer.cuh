@@ -29,12 +29,13 @@
 //     Stores token tau; if tau + 1 is a multiple of KP also writes pool tau / KP: kbar into
 //     pool_keys (FP8 = false; the code pointers are unused and may be null) or its rotated codes
 //     and scale (FP8 = true; pool_keys unused). D a multiple of 32 (a power of two for FP8).
-//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA><<<G, 512>>>(q, raw_w, pool_keys,
+//   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE><<<G, 512>>>(q, raw_w, pool_keys,
 //       pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
 //     (dsa_index_select.cuh) any G >= 1; the lowering uses one CTA per SM. QROT (numerics
 //     `fast`, FP8 cache): scores against the rotated query instead of reading keys back (bounded).
 //     MMA (numerics `fast`, FP32 cache): scores on BF16 tensor cores (dsa_index_score_mma.cuh;
-//     bounded).
+//     bounded). ORDER_FREE (numerics `fast`): while the top k is every valid pool, the list holds
+//     them in index order and nothing is scored (the fast decode takes the list as a set).
 //
 // Math and order (explain.families.dsa_indexer; every choice matches the reference):
 //   pool softmax per channel: x_s = g_s + a_s, m = max_s x_s, e_s = exp(x_s - m),

@@ -275,6 +275,17 @@ def expand_selection(geo: IndexerGeometry, pools, seq_len: int, tau: int) -> np.
     return out
 
 
+def order_free_selection(geo: IndexerGeometry, seq_len: int, tau: int) -> np.ndarray | None:
+    """The list the select's ORDER_FREE form (numerics `fast`) writes without scoring, or None where
+    it ranks as select_tokens does: while the top k_t holds every valid pool, those pools in index
+    order, then the tail, -1 padding. The same entries as select_tokens' list in another order, since
+    the top k of n candidates is all of them whatever the scores."""
+    k = topk_count(geo, seq_len, tau)
+    if k != valid_pools(geo, seq_len, tau):
+        return None
+    return expand_selection(geo, np.arange(k), seq_len, tau)
+
+
 def select_tokens(geo: IndexerGeometry, q, raw_w, pool_keys, seq_len: int, tau: int):
     """Scores -> top-k_t pools -> expanded token list. Returns (pools, tokens)."""
     scores = index_scores(geo, q, raw_w, pool_keys, seq_len, tau)

@@ -1,5 +1,6 @@
 """The DSA kernel instances the lowerings emit for the seed and the tiny blueprint (FP32 and FP8
-index caches, the FP8 rotated-query form, the tensor-core form, 4 and 2 heads per decode CTA, the fast decode) compile through the
+index caches, the FP8 rotated-query form, the tensor-core form, the
+order-free forms, 4 and 2 heads per decode CTA, the fast decode) compile through the
 product's kernel-instance template for sm_90a without register spills, within the static shared
 memory limit (no GPU needed)."""
 from __future__ import annotations
@@ -24,6 +25,8 @@ def test_dsa_instances_compile_without_spills(tmp_path):
               for h, d, topk in ((32, 128, 512), (1, 128, 16), (48, 64, 64), (128, 32, 512))]
     insts += [lower_dsa.select_instance(h, d, 4, topk, False, mma=True)   # the tensor-core form
               for h, d, topk in ((32, 128, 512), (1, 128, 16), (7, 32, 3), (48, 64, 64), (128, 128, 512))]
+    insts += [lower_dsa.select_instance(32, 128, 4, 512, False, mma=True, order_free=True),   # what fast mode lowers
+              lower_dsa.select_instance(32, 128, 4, 512, True, qrot=True, order_free=True)]
     insts += [lower_dsa.store_instance(128, 4, fp8) for fp8 in (False, True)]
     insts += [lower_dsa.select_instance(4, 128, 4, 4, False), lower_mla.decode_instance(512, 4),
               lower_mla.decode_instance(512, 2)]

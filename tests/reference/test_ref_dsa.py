@@ -86,6 +86,29 @@ def test_expansion_tail_and_padding():
     assert dsa.topk_count(geo, 2, 1) == 0
 
 
+@pytest.mark.parametrize("topk_pools", [1, 3, 8])
+def test_order_free_selection_is_the_ranked_list_reordered(topk_pools):
+    """The select's ORDER_FREE form (numerics fast) lists every valid pool in index order exactly while
+    the top k is all of them, whatever the scores: the ranked list's entries, reordered; past that
+    context it ranks (None). Every position from 0 to past the top-k, with capped and uncapped S."""
+    rng = np.random.default_rng()
+    geo = dsa.IndexerGeometry(head_dim=32, heads=3, pool=4, topk_tokens=4 * topk_pools)
+    for seq_len in (4 * topk_pools + 7, 9):
+        pk = rng.normal(size=(seq_len // 4 + 1, 32)).astype(F32)
+        q, raw = rng.normal(size=(3, 32)).astype(F32), rng.normal(size=3).astype(F32)
+        unranked = 0
+        for tau in range(4 * topk_pools + 12):
+            pools, ranked = dsa.select_tokens(geo, q, raw, pk, seq_len, tau)
+            free = dsa.order_free_selection(geo, seq_len, tau)
+            if dsa.topk_count(geo, seq_len, tau) < dsa.valid_pools(geo, seq_len, tau):
+                assert free is None
+                continue
+            unranked += 1
+            np.testing.assert_array_equal(np.sort(free), np.sort(ranked))
+            np.testing.assert_array_equal(free[:4 * len(pools)], np.arange(4 * len(pools)))
+        assert unranked >= min(seq_len, 4 * topk_pools + 3)
+
+
 def _decode64(q, v_rows, s_k):
     if len(v_rows) == 0:
         return np.zeros_like(q, np.float64)

@@ -73,13 +73,14 @@ def test_select(tiny):
     assert plan.options.numerics == "fast"
     qrot = fp8   # fast numerics: the fp8 cache is scored against the rotated query
     mma = "false" if fp8 == "true" else "true"   # ... and the f32 cache on tensor cores
+    order_free = "true"   # ... and the fast decode takes the selection as a set
     for g in groups(plan, "glm_index_select_persisted"):
         (launch,) = dsa_indexer.lower(ctx, g)
         node = ctx.node(g, "index_select")
         pool = next(n for n in plan.blueprint.nodes() if n.op == "kpool_compress" and n.block == node.block)
         scores, hist, arrive = dsa_indexer.scratch_names(node.id)
         assert launch.instance.kernel == \
-            f"kbp::dsa_index_select<{h}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}, {qrot}, {mma}>"
+            f"kbp::dsa_index_select<{h}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}, {qrot}, {mma}, {order_free}>"
         capacity = -(-plan.options.max_context // kp)
         assert launch.grid == (min(get_target("sm_90").sms, -(-capacity // 32)), 1, 1)
         assert launch.block == (512, 1, 1) and launch.smem == 0
@@ -115,7 +116,7 @@ def test_seed_sizes(seed_path):
     kernels = {(l.instance.kernel, l.grid) for g in plan.groups if g.family == "dsa_indexer"
                for l in dsa_indexer.lower(ctx, g)}
     assert kernels == {("kbp::dsa_indexer_store<128, 4, false>", (1, 1, 1)),
-                       ("kbp::dsa_index_select<32, 128, 4, 512, false, 11, false, true>", (132, 1, 1))}
+                       ("kbp::dsa_index_select<32, 128, 4, 512, false, 11, false, true, true>", (132, 1, 1))}
 
 
 @pytest.mark.parametrize("numerics,index_cache,qrot,mma", [("fast", "fp8", True, False), ("exact", "fp8", False, False),
@@ -123,15 +124,18 @@ def test_seed_sizes(seed_path):
                                                            ("exact", "f32", False, False)])
 def test_bounded_select_forms_only_in_fast_mode(tiny_path, numerics, index_cache, qrot, mma):
     """The select's bounded forms (not the reference's bits) need `fast` numerics: the fp8 cache
-    is scored against the rotated query, the f32 cache on tensor cores; exact keeps the reference's
-    read-back and lane order."""
+    is scored against the rotated query, the f32 cache on tensor cores, and a selection of every
+    valid pool is listed unranked for the fast decode; exact keeps the reference's read-back, lane
+    order and rank order."""
     plan, ctx = _plan(tiny_path, numerics=numerics, index_cache=index_cache)
     (g,) = groups(plan, "glm_index_select_persisted")[:1]
     (launch,) = dsa_indexer.lower(ctx, g)
     fp8 = index_cache == "fp8"
-    assert launch.instance == dsa_indexer.select_instance(*_select_sizes(plan), fp8, qrot=qrot, mma=mma)
+    order_free = numerics == "fast"
+    assert launch.instance == dsa_indexer.select_instance(*_select_sizes(plan), fp8, qrot=qrot, mma=mma,
+                                                          order_free=order_free)
     flag = {True: "true", False: "false"}
-    assert launch.instance.kernel.endswith(f", {flag[qrot]}, {flag[mma]}>")
+    assert launch.instance.kernel.endswith(f", {flag[qrot]}, {flag[mma]}, {flag[order_free]}>")
 
 
 def _select_sizes(plan) -> tuple[int, int, int, int]:

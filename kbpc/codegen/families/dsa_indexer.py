@@ -19,6 +19,10 @@ kbpc.reference.dsa_indexer.rotated_score_bound. `exact` keeps the read-back (the
 Numerics `fast` with the f32 cache picks the tensor-core form (template flag MMA): queries and pool
 keys rounded to BF16, FP32 accumulation on mma.sync (the explain's tensor-core score path), within
 kbpc.reference.dsa_indexer.bf16_score_bound; `exact` keeps the lane-strided FP32 order.
+Numerics `fast` also sets ORDER_FREE: the fast MLA decode takes the selection as a set, so while the
+top k holds every valid pool (contexts up to index_topk tokens) the select lists them in index order
+without scoring any (kbpc.reference.dsa_indexer.order_free_selection); `exact` ranks them by score,
+since the exact decode accumulates in list order.
 
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
@@ -65,15 +69,16 @@ def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
 
 
 def select_instance(heads: int, d: int, kp: int, topk_pools: int, fp8: bool, qrot: bool = False,
-                    mma: bool = False) -> KernelInstance:
+                    mma: bool = False, order_free: bool = False) -> KernelInstance:
     """qrot: score the fp8 codes against the rotated query; mma: score the f32 cache on BF16 tensor
-    cores (each numerics `fast` only)."""
+    cores; order_free: no ranking while every valid pool is selected (each numerics `fast` only)."""
     if qrot and not fp8:
         raise ValueError("the rotated-query form scores the fp8 index cache")
     if mma and fp8:
         raise ValueError("the tensor-core form scores the f32 index cache")
     return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_index_select<{heads}, {d}, {kp}, "
-                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}, {_cbool(qrot)}, {_cbool(mma)}>",
+                          f"{topk_pools}, {_cbool(fp8)}, {INDEX_SELECT_BIN_BITS}, {_cbool(qrot)}, {_cbool(mma)}, "
+                          f"{_cbool(order_free)}>",
                           SELECT_PARAMS)
 
 
@@ -98,6 +103,12 @@ def _rotated_query(ctx: LowerCtx) -> bool:
 def _tensor_core_scores(ctx: LowerCtx) -> bool:
     """The select's fast form over the f32 cache: BF16 tensor-core scores (exact keeps the lane order)."""
     return not _fp8(ctx) and ctx.plan.options.numerics == "fast"
+
+
+def _order_free(ctx: LowerCtx, sel) -> bool:
+    """The selection as a set: `fast` numerics, whose MLA decode (glm_mla_decode_fast) deals the list's
+    entries to slices in an order of its own; the exact decode's sums follow the list's rank order."""
+    return ctx.plan.options.numerics == "fast" and ctx.bp.node(sel.dst).op == "mla_attention"
 
 
 def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
@@ -182,7 +193,8 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
     blocks = select_blocks(ctx.plan.options.target, capacity)
-    inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx), _tensor_core_scores(ctx))
+    inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx), _tensor_core_scores(ctx),
+                           _order_free(ctx, sel))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
             ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
