@@ -1,6 +1,12 @@
 """The ops and kernel families kbpc knows. A blueprint naming anything else is refused by name."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kbpc.ir.graph import Blueprint
+    from kbpc.ir.records import Node
+
 # Op names as they appear in a node's `op` field; `linear:<role>` is any named projection.
 KNOWN_OPS = frozenset({
     "embed", "hc_expand", "hc_pre", "hc_post", "hc_contract", "rms_norm", "final_norm",
@@ -25,3 +31,12 @@ def is_known_op(op: str) -> bool:
     if sep:
         return base in PREFIXED_OPS and bool(rest)
     return op in KNOWN_OPS
+
+
+def selection_is_a_set(bp: Blueprint, node: Node, numerics: str) -> bool:
+    """Whether an index_select's token list may hold its entries in an order of its own (the select's
+    ORDER_FREE form, kbpc.reference.dsa_indexer.order_free_selection): in `fast` numerics, where every
+    reader is an MLA decode, whose fast form deals the entries to slices and sums in an order of its
+    own; the exact decode sums in list order, so there the rank order is part of the result."""
+    return (numerics == "fast" and node.op == "index_select"
+            and all(bp.node(t.dst).op == "mla_attention" for t in bp.outputs(node.order)))

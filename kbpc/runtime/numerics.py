@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kbpc.errors import KbpcError
+from kbpc.ir.ops import selection_is_a_set
 from kbpc.runtime.bundle_model import BundleModel
 from kbpc.runtime.reference_backend import ReferenceBackend, load_weights
 
@@ -111,10 +112,10 @@ def _as_array(value) -> np.ndarray:
 
 
 def set_valued(bp, name: str, numerics: str) -> bool:
-    """Whether buffer `name` holds a selection the bundle's kernels may list in an order of their own:
-    an index_select's token list in `fast` numerics (kbpc.reference.dsa_indexer.order_free_selection)."""
+    """Whether buffer `name` holds a selection the bundle's kernels may list in an order of their own
+    (kbpc.ir.ops.selection_is_a_set of the node that writes it)."""
     node = bp.node_by_id.get(name.rsplit(".", 1)[0])
-    return node is not None and node.op == "index_select" and numerics == "fast"
+    return node is not None and selection_is_a_set(bp, node, numerics)
 
 
 def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", steps: int = 2,

@@ -32,6 +32,7 @@ from kbpc.codegen.context import LowerCtx, LoweringError
 from kbpc.codegen.families.dsa_state import block_node, one_row, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
+from kbpc.ir.ops import selection_is_a_set
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.state import INDEX_SELECT_BIN_BITS
 from kbpc.targets import get_target
@@ -103,12 +104,6 @@ def _rotated_query(ctx: LowerCtx) -> bool:
 def _tensor_core_scores(ctx: LowerCtx) -> bool:
     """The select's fast form over the f32 cache: BF16 tensor-core scores (exact keeps the lane order)."""
     return not _fp8(ctx) and ctx.plan.options.numerics == "fast"
-
-
-def _order_free(ctx: LowerCtx, sel) -> bool:
-    """The selection as a set: `fast` numerics, whose MLA decode (glm_mla_decode_fast) deals the list's
-    entries to slices in an order of its own; the exact decode's sums follow the list's rank order."""
-    return ctx.plan.options.numerics == "fast" and ctx.bp.node(sel.dst).op == "mla_attention"
 
 
 def _pool_args(ctx: LowerCtx, pool_node_id: str) -> tuple:
@@ -194,7 +189,7 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
     blocks = select_blocks(ctx.plan.options.target, capacity)
     inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx), _tensor_core_scores(ctx),
-                           _order_free(ctx, sel))
+                           selection_is_a_set(ctx.bp, node, ctx.plan.options.numerics))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
             ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
