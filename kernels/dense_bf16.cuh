@@ -15,11 +15,22 @@
 //   (up to DENSE_BF16_BATCH vectors in flight per thread); 4 outputs per CTA give N/4 CTAs.
 // dense_gemv_bf16_block<K, OutT>(W, x, y, N, block) is one CTA's share for any block index (the
 // fused MoE router claims blocks dynamically).
+// dense_gemv_bf16_scores_only<K, OutT, OPC, KP, TOPK_POOLS>(W, x, y, N, seq_len, tau): the _opc
+//   kernel for a projection whose only reader is an unranked select (dsa_index_select's ORDER_FREE,
+//   numerics `fast`: the DSA index queries and head weights). While the select lists every valid
+//   pool (dsa_every_pool_selected: contexts up to TOPK_POOLS pools) it reads no score, so no input
+//   of one: the kernel loads nothing and leaves y as it was; past that context it is the _opc
+//   kernel, bit for bit. Idle, CTA 0 still waits for the kernel before it, so the grid completes
+//   after it as a computing grid would (PDL orders a kernel after its predecessor's completion only,
+//   so kernels after this one still see everything before it); the other CTAs return at once,
+//   leaving their SMs to the other streams (a computing grid launched early under PDL would hold
+//   them in pdl_wait: H200, 128-expert seed shrink, the index query's 1024 CTAs of 256 threads).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
 
 #include "kbp_common.cuh"
+#include "dsa_indexer_common.cuh"
 
 namespace kbp {
 
@@ -108,6 +119,20 @@ template <int K, typename OutT, int OPC>
 __global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_opc(const __nv_bfloat16* W,
                                                                 const __nv_bfloat16* x,
                                                                 OutT* y, int N) {
+    dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
+}
+
+template <int K, typename OutT, int OPC, int KP, int TOPK_POOLS>
+__global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_scores_only(const __nv_bfloat16* W,
+                                                                        const __nv_bfloat16* x,
+                                                                        OutT* y, int N,
+                                                                        const int32_t* seq_len,
+                                                                        const int32_t* tau) {
+    // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
+    if (dsa_every_pool_selected(seq_len[0], tau[0], KP, TOPK_POOLS)) {
+        if (blockIdx.x == 0) pdl_wait();
+        return;
+    }
     dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
 }
 

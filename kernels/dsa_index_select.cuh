@@ -361,7 +361,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
     const int s_len = seq_len[0], t_pos = tau[0];
     const int n = dsa_valid_pools(s_len, t_pos, KP), k = dsa_topk_count(s_len, t_pos, KP, TOPK_POOLS);
-    if (ORDER_FREE && k == n) {   // every valid pool is selected: the set needs no score
+    if (ORDER_FREE && dsa_every_pool_selected(s_len, t_pos, KP, TOPK_POOLS)) {   // the set needs no score
         ::kbp::pdl_launch_dependents();
         ::kbp::pdl_wait();        // sel_tokens' bytes may still be read by an earlier kernel
         if (blockIdx.x == 0) dsa_expand<KP, TOPK_POOLS>([](int r) { return r; }, k, s_len, t_pos, sel_tokens);

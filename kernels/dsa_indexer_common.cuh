@@ -16,6 +16,11 @@ __device__ __forceinline__ int dsa_valid_pools(int seq_len, int tau, int kp) {
 __device__ __forceinline__ int dsa_topk_count(int seq_len, int tau, int kp, int topk_pools) {
     return min((tau + 1) / kp, min(seq_len, topk_pools * kp) / kp);
 }
+// Whether the top k is every valid pool (whatever the scores): where an unranked select
+// (ORDER_FREE) lists them without scoring (kbpc.reference.dsa_indexer.every_pool_selected).
+__device__ __forceinline__ bool dsa_every_pool_selected(int seq_len, int tau, int kp, int topk_pools) {
+    return dsa_topk_count(seq_len, tau, kp, topk_pools) == dsa_valid_pools(seq_len, tau, kp);
+}
 
 // Order-preserving unsigned key of a score (larger key = larger score); -0 is mapped to +0.
 __device__ __forceinline__ uint32_t dsa_score_key(float s) {

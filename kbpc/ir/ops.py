@@ -40,3 +40,15 @@ def selection_is_a_set(bp: Blueprint, node: Node, numerics: str) -> bool:
     own; the exact decode sums in list order, so there the rank order is part of the result."""
     return (numerics == "fast" and node.op == "index_select"
             and all(bp.node(t.dst).op == "mla_attention" for t in bp.outputs(node.order)))
+
+
+def unranked_scores_reader(bp: Blueprint, node: Node, numerics: str) -> Node | None:
+    """The index_select for which `node` computes only score inputs (its index queries or head
+    weights), where that select lists an unranked selection (selection_is_a_set): while the top k
+    is every valid pool it reads no score (kbpc.reference.dsa_indexer.every_pool_selected), so
+    `node`'s output is not needed and its kernel may idle. None where anything else reads it."""
+    readers = {t.dst for t in bp.outputs(node.order)}
+    if len(readers) != 1:
+        return None
+    select = bp.node(readers.pop())
+    return select if select.op == "index_select" and selection_is_a_set(bp, select, numerics) else None

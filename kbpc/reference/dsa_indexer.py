@@ -280,10 +280,16 @@ def order_free_selection(geo: IndexerGeometry, seq_len: int, tau: int) -> np.nda
     it ranks as select_tokens does: while the top k_t holds every valid pool, those pools in index
     order, then the tail, -1 padding. The same entries as select_tokens' list in another order, since
     the top k of n candidates is all of them whatever the scores."""
-    k = topk_count(geo, seq_len, tau)
-    if k != valid_pools(geo, seq_len, tau):
+    if not every_pool_selected(geo, seq_len, tau):
         return None
-    return expand_selection(geo, np.arange(k), seq_len, tau)
+    return expand_selection(geo, np.arange(topk_count(geo, seq_len, tau)), seq_len, tau)
+
+
+def every_pool_selected(geo: IndexerGeometry, seq_len: int, tau: int) -> bool:
+    """Whether the top k_t is every valid pool, whatever the scores (dsa_every_pool_selected in
+    kernels/dsa_indexer_common.cuh): the unranked select then reads no score, and the projections
+    that feed only its scores (kbpc.ir.ops.unranked_scores_reader) idle."""
+    return topk_count(geo, seq_len, tau) == valid_pools(geo, seq_len, tau)
 
 
 def select_tokens(geo: IndexerGeometry, q, raw_w, pool_keys, seq_len: int, tau: int):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from kbpc.codegen.families import (embed_copy, glm_mhc, glm_mla_latent_write, glm_moe_combine,
+from kbpc.codegen.families import (dense_bf16, embed_copy, glm_mhc, glm_mla_latent_write, glm_moe_combine,
                                     glm_swiglu_clamp, w4a4_mx, w4a4_mx_static, w4a16_gemv, w8a8_act_quant, wxay)
 from kbpc.codegen.records import KernelInstance
 
@@ -32,8 +32,7 @@ def _flag(b: bool) -> str:
 
 def dense(k: int, out: str, opc: int = 4) -> KernelInstance:
     """dense_bf16: out is the C type of y (__nv_bfloat16 or float); opc outputs per CTA."""
-    kernel = f"kbp::dense_gemv_bf16<{k}, {out}>" if opc == 4 else f"kbp::dense_gemv_bf16_opc<{k}, {out}, {opc}>"
-    return KernelInstance("dense_bf16", "dense_bf16.cuh", kernel, (f"const {BF}*", f"const {BF}*", f"{out}*", "int"))
+    return dense_bf16.instance(k, out, opc)
 
 
 def w4a16(k: int) -> KernelInstance:
@@ -253,6 +252,7 @@ def latent_write_paged(e: int) -> KernelInstance:
 # C++ template name -> the builder that mirrors its lowering, taking the template arguments in order.
 MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::dense_gemv_bf16": dense, "kbp::dense_gemv_bf16_opc": dense,
+    "kbp::dense_gemv_bf16_scores_only": dense_bf16.scores_only_instance,
     "kbp::w4a16_gemv": w4a16, "kbp::w4a16_gemv_seg_list": w4a16_seg_list,
     "kbp::w4a16_shared_pair": w4a16_shared_pair, "kbp::w4a16_mma": w4a16_mma,
     "kbp::w4a16_mma_seg_list": w4a16_mma_seg_list, "kbp::w4a16_mma_shared_pair": w4a16_mma_shared_pair,

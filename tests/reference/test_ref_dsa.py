@@ -109,6 +109,19 @@ def test_order_free_selection_is_the_ranked_list_reordered(topk_pools):
         assert unranked >= min(seq_len, 4 * topk_pools + 3)
 
 
+@pytest.mark.parametrize("topk_pools", [1, 3, 512])
+def test_every_pool_selected_is_where_the_select_reads_no_score(topk_pools):
+    """every_pool_selected (the switch the unranked select and the score-only projections share,
+    dsa_every_pool_selected on the device) holds exactly where order_free_selection lists without
+    scores; for a decode row (S = tau + 1) it is floor(S / K_P) <= top-k pools."""
+    geo = dsa.IndexerGeometry(head_dim=32, heads=3, pool=4, topk_tokens=4 * topk_pools)
+    for tau in range(4 * topk_pools + 12):
+        for seq_len in (tau + 1, min(tau + 1, 9)):
+            idle = dsa.every_pool_selected(geo, seq_len, tau)
+            assert idle == (dsa.order_free_selection(geo, seq_len, tau) is not None)
+        assert dsa.every_pool_selected(geo, tau + 1, tau) == ((tau + 1) // 4 <= topk_pools)
+
+
 def _decode64(q, v_rows, s_k):
     if len(v_rows) == 0:
         return np.zeros_like(q, np.float64)
