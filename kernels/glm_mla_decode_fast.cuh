@@ -59,9 +59,9 @@ constexpr int MLA_FAST_THREADS = 256;
 constexpr int MLA_FAST_WARPS = MLA_FAST_THREADS / 32;
 
 // Dynamic shared memory: staged rows (chunk x E bytes), z then p per row and head, the compacted
-// cache rows, and the merge factors per head and slice.
+// cache rows, and the merge's factors, m and l per head and slice.
 __host__ __device__ constexpr size_t mla_fast_smem_bytes(int e, int hpc, int chunk, int slices) {
-    return (size_t)chunk * (e + 4 * hpc + 4) + (size_t)4 * hpc * slices;
+    return (size_t)chunk * (e + 4 * hpc + 4) + (size_t)12 * hpc * slices;
 }
 
 // 16 E4M3 codes (one uint4) -> their exact FP32 values.
@@ -126,45 +126,85 @@ __device__ __forceinline__ void mla_codes_n(const uint8_t* p, float (&v)[CPT]) {
 }
 
 // The last CTA of a head group: merge the S partials in slice order and write the output (its
-// values, as the BF16 stored, also in y).
+// values, as the BF16 stored, also in y). Every partial is read once, in as few dependent L2 round
+// trips as the registers allow: each (head, slice) pair's m and l by one thread into `ml` (2 HPC S
+// floats of shared memory), and each thread's o
+// values MERGE_BATCH slices at a time, the next batch's loads issued before the current one is
+// summed; the first batch goes out before the barriers that form M, the factors and L. The sums
+// are the ones below in slice order, so the bits do not depend on how the loads are scheduled.
+constexpr int MLA_MERGE_BATCH = 4;
+
 template <int E, int HPC>
-__device__ __forceinline__ void mla_fast_merge(const float* part, int slices, size_t slice_stride, float s_k,
-                                               float* fmerge, float* m_sh, float* l_sh, __nv_bfloat16* dst,
-                                               float (&y)[HPC][E / MLA_FAST_THREADS]) {
+__device__ __forceinline__ void mla_fast_merge_load(const float* part, int u0, int slices, size_t slice_stride,
+                                                    float2 (&x)[MLA_MERGE_BATCH][HPC][E / MLA_FAST_THREADS / 2]) {
     constexpr int CPT = E / MLA_FAST_THREADS;
     constexpr size_t PS = E + 4;
-    const int t = threadIdx.x;
+#pragma unroll
+    for (int b = 0; b < MLA_MERGE_BATCH; ++b)
+#pragma unroll
+        for (int h = 0; h < HPC; ++h)
+#pragma unroll
+            for (int c = 0; c < CPT; c += 2)
+                x[b][h][c / 2] = u0 + b < slices
+                    ? __ldcg(reinterpret_cast<const float2*>(part + (u0 + b) * slice_stride + h * PS +
+                                                             threadIdx.x * CPT + c))
+                    : make_float2(0.0f, 0.0f);
+}
+
+template <int E, int HPC>
+__device__ __forceinline__ void mla_fast_merge(const float* part, int slices, size_t slice_stride, float s_k,
+                                               float* fmerge, float* ml, float* m_sh, float* l_sh,
+                                               __nv_bfloat16* dst, float (&y)[HPC][E / MLA_FAST_THREADS]) {
+    constexpr int CPT = E / MLA_FAST_THREADS, B = MLA_MERGE_BATCH;
+    constexpr size_t PS = E + 4;
+    const int t = threadIdx.x, pairs = HPC * slices;
+    for (int i = t; i < pairs; i += MLA_FAST_THREADS) {   // pair i: head i / slices, slice i % slices
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(part + (i % slices) * slice_stride +
+                                                                (i / slices) * PS + E));
+        ml[i] = v.x;
+        ml[pairs + i] = v.y;
+    }
+    float2 x[B][HPC][CPT / 2];
+    mla_fast_merge_load<E, HPC>(part, 0, slices, slice_stride, x);
+    __syncthreads();
     if (t < HPC) {
         float m = -INFINITY;
-        for (int u = 0; u < slices; ++u) m = fmaxf(m, __ldcg(part + u * slice_stride + t * PS + E));
+        for (int u = 0; u < slices; ++u) m = fmaxf(m, ml[t * slices + u]);
         m_sh[t] = m;
     }
     __syncthreads();
-    for (int i = t; i < HPC * slices; i += MLA_FAST_THREADS) {
-        const int h = i / slices, u = i % slices;
-        const float m = __ldcg(part + u * slice_stride + h * PS + E);
-        fmerge[i] = m == -INFINITY ? 0.0f : exp_f32(m - m_sh[h]);
+    for (int i = t; i < pairs; i += MLA_FAST_THREADS) {
+        const float m = ml[i];
+        fmerge[i] = m == -INFINITY ? 0.0f : exp_f32(m - m_sh[i / slices]);
     }
     __syncthreads();
     if (t < HPC) {
         float l = 0.0f;
-        for (int u = 0; u < slices; ++u)
-            l = l + __ldcg(part + u * slice_stride + t * PS + E + 1) * fmerge[t * slices + u];
+        for (int u = 0; u < slices; ++u) l = l + ml[pairs + t * slices + u] * fmerge[t * slices + u];
         l_sh[t] = l;
     }
     float acc[HPC][CPT];
     mla_zero(acc);
-#pragma unroll 4
-    for (int u = 0; u < slices; ++u) {
+    for (int u0 = 0; u0 < slices; u0 += B) {
+        float2 cur[B][HPC][CPT / 2];
 #pragma unroll
-        for (int h = 0; h < HPC; ++h) {
-            const float f = fmerge[h * slices + u];
-            const float* src = part + u * slice_stride + h * PS + t * CPT;
+        for (int b = 0; b < B; ++b)
 #pragma unroll
-            for (int c = 0; c < CPT; c += 2) {
-                const float2 x = __ldcg(reinterpret_cast<const float2*>(src + c));
-                acc[h][c] = acc[h][c] + x.x * f;
-                acc[h][c + 1] = acc[h][c + 1] + x.y * f;
+            for (int h = 0; h < HPC; ++h)
+#pragma unroll
+                for (int c = 0; c < CPT / 2; ++c) cur[b][h][c] = x[b][h][c];
+        if (u0 + B < slices) mla_fast_merge_load<E, HPC>(part, u0 + B, slices, slice_stride, x);
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (u0 + b >= slices) break;
+#pragma unroll
+            for (int h = 0; h < HPC; ++h) {
+                const float f = fmerge[h * slices + u0 + b];
+#pragma unroll
+                for (int c = 0; c < CPT; c += 2) {
+                    acc[h][c] = acc[h][c] + cur[b][h][c / 2].x * f;
+                    acc[h][c + 1] = acc[h][c + 1] + cur[b][h][c / 2].y * f;
+                }
             }
         }
     }
@@ -271,6 +311,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     MlaFactors<HPC>* zp = reinterpret_cast<MlaFactors<HPC>*>(mla_fast_dyn + (size_t)chunk * E);
     int* rows = reinterpret_cast<int*>(mla_fast_dyn + (size_t)chunk * (E + 4 * HPC));
     float* fmerge = reinterpret_cast<float*>(rows + chunk);   // [HPC][S]
+    float* merge_ml = fmerge + HPC * gridDim.x;                // [2][HPC][S]: m, then l
 
     ::kbp::pdl_wait();   // q, sel, this step's cache row and seq_len: written by earlier kernels
     ::kbp::pdl_launch_dependents();
@@ -378,7 +419,8 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     __threadfence();
     float y[HPC][CPT];
     mla_fast_merge<E, HPC>(partials + ((size_t)r * slices * H + hg * HPC) * PS, slices, (size_t)H * PS, s_k, fmerge,
-                           m_sh, l_sh, out == nullptr ? nullptr : out + ((size_t)r * H + hg * HPC) * E, y);
+                           merge_ml, m_sh, l_sh,
+                           out == nullptr ? nullptr : out + ((size_t)r * H + hg * HPC) * E, y);
     if constexpr (QUANT) mla_fast_quant<E, HPC>(y, hg, groups, r, qo);
 }
 

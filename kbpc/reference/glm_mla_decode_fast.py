@@ -57,8 +57,8 @@ class FastSplit:
         return (self.slices, heads // self.hpc, rows)
 
     def smem_bytes(self, latent: int) -> int:
-        """mla_fast_smem_bytes: rows, z/p per row and head, row ids, merge factors."""
-        return self.chunk * (latent + 4 * self.hpc + 4) + 4 * self.hpc * self.slices
+        """mla_fast_smem_bytes: rows, z/p per row and head, row ids, the merge's factors, m and l."""
+        return self.chunk * (latent + 4 * self.hpc + 4) + 12 * self.hpc * self.slices
 
 
 def fast_split(heads: int, width: int, rows: int, sms: int, latent: int) -> FastSplit:

@@ -83,7 +83,8 @@ def test_decode_launch_fast(tiny_path):
         assert launch.instance.kernel == f"kbp::glm_mla_decode_fast<{e}, {split.hpc}>"
         assert launch.instance.header == "glm_mla_decode_fast.cuh"
         assert launch.grid == (split.slices, heads // split.hpc, 1) and launch.block == (256, 1, 1)
-        assert launch.smem == split.chunk * (e + 4 * split.hpc + 4) + 4 * split.hpc * split.slices
+        # staged rows, z/p per row and head, row ids; the merge's factors, m and l per head and slice
+        assert launch.smem == split.chunk * (e + 4 * split.hpc + 4) + 12 * split.hpc * split.slices
         assert len(launch.args) == len(launch.instance.params) == 12
         _common_args(ctx, plan, node, launch.args[:8])
         chunk, out, partials, counters = launch.args[8:]
@@ -132,7 +133,7 @@ def test_fast_split_geometry():
 
 @pytest.mark.parametrize("numerics,kernel,grid,smem", [
     ("exact", "kbp::glm_mla_decode_split<512, 16, 4, 4>", (16, 8, 1), 0),
-    ("fast", "kbp::glm_mla_decode_fast<512, 4>", (16, 8, 1), 129 * (512 + 20) + 16 * 16)])
+    ("fast", "kbp::glm_mla_decode_fast<512, 4>", (16, 8, 1), 129 * (512 + 20) + 3 * 4 * 4 * 16)])
 def test_seed_fills_the_gpu(seed_path, numerics, kernel, grid, smem):
     plan, ctx = _plan(seed_path, numerics=numerics)
     launches = [l for g in plan.groups if g.family == "glm_mla_decode" for l in glm_mla_decode.lower(ctx, g)]
