@@ -69,8 +69,14 @@ def assert_bf16_close(got_bits, want, what, frac_equal):
     assert not np.isnan(got).any(), f"{what}: NaN"
     ulp = np.abs(want).max(axis=-1, keepdims=True) * 2.0 ** -8  # 1 BF16 ulp of the row's scale
     assert (np.abs(got - want) <= ulp).all(), f"{what}: max diff {np.abs(got - want).max()}"
-    eq = np.mean(bf16_bits(want).reshape(-1) == got_bits.reshape(-1))
-    assert eq >= frac_equal, f"{what}: only {eq:.5f} identical"
+    differ = int(np.sum(bf16_bits(want).reshape(-1) != got_bits.reshape(-1)))
+    # frac_equal is a rate (each output's FP32 sum may land near a BF16 rounding boundary, where the
+    # MMA's own order can flip it), so a small output gets the rate's count plus three standard
+    # deviations of it and one more: 512 outputs at 0.999 may hold 3 differing ones (a 512-row
+    # segment with one, 0.998 identical, failed the plain rate on an H200).
+    n = want.size
+    allowed = int((1 - frac_equal) * n + 3 * np.sqrt(n * (1 - frac_equal)) + 1)
+    assert differ <= allowed, f"{what}: {differ} of {n} outputs differ (at most {allowed} for {frac_equal} identical)"
 
 
 def seg_table(segs, record) -> np.ndarray:
