@@ -59,6 +59,11 @@ class IndexerGeometry:
     pool: int          # K_P
     topk_tokens: int   # index_topk
 
+    @classmethod
+    def from_symbols(cls, sym: dict[str, int]) -> IndexerGeometry:
+        """The blueprint's indexer geometry (symbols index_head_dim, index_heads, index_kpool, index_topk)."""
+        return cls(sym["index_head_dim"], sym["index_heads"], sym["index_kpool"], sym["index_topk"])
+
     @property
     def topk_pools(self) -> int:
         return self.topk_tokens // self.pool

@@ -218,8 +218,7 @@ def layer_norm_op(s: Step, node: Node, ins: Inputs):
 def _indexer(s: Step, node: Node):
     key = node.block
     if key not in s.state.indexer:
-        geo = dsa_indexer.IndexerGeometry(s.sym["index_head_dim"], s.sym["index_heads"],
-                                          s.sym["index_kpool"], s.sym["index_topk"])
+        geo = dsa_indexer.IndexerGeometry.from_symbols(s.sym)
         pools = -(-s.state.max_context // geo.pool)
         s.state.indexer[key] = (geo, dsa_indexer.IndexerCache.empty(geo, geo.pool, pools, s.state.index_cache))
     return s.state.indexer[key]

@@ -126,9 +126,7 @@ def left_unwritten(bp, name: str, numerics: str, seq_len: int) -> bool:
     node = bp.node_by_id.get(name.rsplit(".", 1)[0])
     if node is None or unranked_scores_reader(bp, node, numerics) is None:
         return False
-    sym = bp.symbols
-    geo = IndexerGeometry(sym["index_head_dim"], sym["index_heads"], sym["index_kpool"], sym["index_topk"])
-    return every_pool_selected(geo, seq_len, seq_len - 1)
+    return every_pool_selected(IndexerGeometry.from_symbols(bp.symbols), seq_len, seq_len - 1)
 
 
 def compare_intermediates(model: BundleModel, weights: str = "synthetic:0", steps: int = 2,
