@@ -28,8 +28,13 @@ LAUNCH_US = 0.76                 # per kernel node in a replayed CUDA graph (DES
 # In-step time of the ops whose launches are latency chains, which the byte model prices as one
 # launch (H200, 128-expert seed shrink, replay timelines at 1k context, bench/NOTES.md): the DSA
 # index select (scores, a cross-CTA top-k, the expansion: 14 us) and the sparse MLA decode (16 us).
-# They make the indexer's path, not the query's up-projection, the DSA layer's longest.
-LATENCY_FLOOR_US = {"index_select": 14.0, "mla_attention": 16.0}
+# They make the indexer's path, not the query's up-projection, the DSA layer's longest. The latent
+# write (a norm, the FP8 encoding and a paged store: 2.8 us, priced 2.5) is then no free
+# predecessor, so the query up-projection gets a stream of its own instead of queueing behind it
+# (twentieth session, bench/NOTES.md: at 1k q_b and the decode end 1.0 and 0.9 us sooner, a DSA
+# layer 63.6 -> 62.9 us, the replay span 4988 -> 4975 us; at 16k, where the select is critical and
+# its index store now meets q_b, a DSA layer 81.4 -> 82.0 us, the span 5181 -> 5184 us).
+LATENCY_FLOOR_US = {"index_select": 14.0, "mla_attention": 16.0, "kv_write": 2.5}
 URGENT_SLACK_US = 0.5            # a group whose modelled slack is below this is on the critical path
 
 
