@@ -10,9 +10,9 @@ n-th of that rule inside the sublayer) with the median time it ends after the op
 end (and its stream): where along the sublayer each kernel finishes, e.g. the router, the gate/up,
 the quantizer, the down and the combine boundary of a MoE sublayer.
 
-With --kernel TEXT, for every launch whose kernel name contains TEXT: when it starts after its
-last prerequisite ends (the launch before it on its stream and the launches whose events it waits
-for), how long it runs, and when it ends after that prerequisite; medians over the launches, per
+With --kernel TEXT, for every launch whose kernel name contains TEXT: when it starts after it is
+ready (everything it depends on has ended: the timeline's `late_us`, as bench/timeline_delays.py
+reads it), how long it runs, and when it ends after it was ready; medians over the launches, per
 file (e.g. how long the MLA decode takes after the query projection or the select it waits for).
 
 With --json, for any number of timelines, one JSON object per file in a list: its step span, the
@@ -134,42 +134,26 @@ def summary(path: str) -> dict:
                        for kind, (n, rows) in chain_table(path).items()}}
 
 
-def after_prerequisites(kernels: list[dict], text: str) -> dict:
-    """Launches whose kernel name contains `text`: the count and the medians of (start after the
-    last prerequisite's end, duration, end after it), and the prerequisite kernel seen most often.
-    A launch's prerequisites: the launch before it on its stream, and those recording an event it
-    waits for."""
-    last_on: dict[int, dict] = {}
-    recorder: dict[int, dict] = {}
-    rows, before = [], []
-    for k in kernels:
-        if text in k["kernel"]:
-            pre = [p for p in (last_on.get(k.get("stream", -1)), *(recorder.get(e) for e in k.get("waits", ())))
-                   if p is not None]
-            if pre:
-                p = max(pre, key=lambda q: q["start_us"] + q["dur_us"])
-                end = p["start_us"] + p["dur_us"]
-                rows.append((k["start_us"] - end, k["dur_us"], k["start_us"] + k["dur_us"] - end))
-                before.append(p["kernel"])
-        last_on[k.get("stream", -1)] = k
-        for e in k.get("records", ()):
-            recorder[e] = k
+def after_ready(kernels: list[dict], text: str) -> dict:
+    """Launches whose kernel name contains `text`: their count and the medians of their start after
+    ready (the timeline's own `late_us`: start minus the end of everything the launch depends on,
+    bench/timeline_delays.py's measure), their duration, and their end after ready."""
+    rows = [(k["late_us"], k["dur_us"]) for k in kernels if text in k["kernel"]]
     if not rows:
         return {"count": 0}
-    med = [statistics.median(r[i] for r in rows) for i in range(3)]
-    return {"count": len(rows), "start_after_us": med[0], "duration_us": med[1], "end_after_us": med[2],
-            "prerequisite": max(set(before), key=before.count)}
+    return {"count": len(rows), "start_after_us": statistics.median(r[0] for r in rows),
+            "duration_us": statistics.median(r[1] for r in rows),
+            "end_after_us": statistics.median(r[0] + r[1] for r in rows)}
 
 
 def print_kernel(text: str, paths: list[str]) -> None:
     for path in paths:
-        r = after_prerequisites(json.load(open(path))["kernels"], text)
+        r = after_ready(json.load(open(path))["kernels"], text)
         if not r["count"]:
             print(f"{path}: no launch of {text}")
             continue
-        print(f"{path}: {r['count']} x {text}: starts {r['start_after_us']:.2f} us after its last prerequisite "
-              f"({r['prerequisite'][:60]}) ends, runs {r['duration_us']:.2f} us, ends {r['end_after_us']:.2f} us "
-              f"after it (medians)")
+        print(f"{path}: {r['count']} x {text}: starts {r['start_after_us']:.2f} us after it is ready, runs "
+              f"{r['duration_us']:.2f} us, ends {r['end_after_us']:.2f} us after it is ready (medians)")
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from timeline_layers import (after_prerequisites, chain_table, kind_of, launch_chains, main,  # noqa: E402
+from timeline_layers import (after_ready, chain_table, kind_of, launch_chains, main,  # noqa: E402
                              sublayers, table)
 
 
@@ -83,22 +83,17 @@ def test_gates_issued_aside_are_not_boundaries():
     assert sublayers(STEP[:2] + [aside] + STEP[2:]) == sublayers(STEP)
 
 
-def test_kernel_after_its_last_prerequisite(tmp_path, capsys):
-    """--kernel: a launch's start, duration and end against the later of its stream predecessor
-    and the launches whose events it waits for."""
-    def k(name, stream, start, dur, waits=(), records=()):
-        return {"family": "f", "kernel": name, "stream": stream, "start_us": start, "dur_us": dur,
-                "waits": list(waits), "records": list(records)}
-    kernels = [k("select", 0, 0.0, 10.0), k("q_b", 1, 0.0, 15.0, records=[7]),
-               k("kbp::decode<1>", 0, 16.0, 5.0, waits=[7]),             # after q_b (ends 15): 1, 5, 6
-               k("select", 0, 22.0, 10.0), k("q_b", 1, 21.0, 5.0, records=[8]),
-               k("kbp::decode<1>", 0, 32.5, 4.0, waits=[8])]             # after the select (ends 32)
-    got = after_prerequisites(kernels, "decode")
-    assert got["count"] == 2 and got["prerequisite"] in ("q_b", "select")
-    assert (got["start_after_us"], got["duration_us"], got["end_after_us"]) == (0.75, 4.5, 5.25)
-    assert after_prerequisites(kernels, "nothing") == {"count": 0}
+def test_kernel_after_it_is_ready(tmp_path, capsys):
+    """--kernel: medians of a kernel's lateness (the timeline's late_us), duration and end after ready."""
+    def k(name, late, dur):
+        return {"family": "f", "kernel": name, "start_us": 0.0, "dur_us": dur, "late_us": late}
+    kernels = [k("select", 0.0, 10.0), k("kbp::decode<1>", 1.0, 5.0), k("kbp::decode<1>", 0.5, 4.0),
+               k("kbp::decode<1>", 0.25, 7.0)]
+    got = after_ready(kernels, "decode")
+    assert got == {"count": 3, "start_after_us": 0.5, "duration_us": 5.0, "end_after_us": 6.0}
+    assert after_ready(kernels, "nothing") == {"count": 0}
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"kernels": kernels}))
     assert main(["--kernel", "decode", str(path)]) == 0
-    assert "2 x decode: starts 0.75 us" in capsys.readouterr().out
+    assert "3 x decode: starts 0.50 us after it is ready, runs 5.00 us, ends 6.00 us" in capsys.readouterr().out
     assert main(["--kernel", "decode"]) == 2
