@@ -146,24 +146,29 @@ def after_ready(kernels: list[dict], text: str) -> dict:
             "end_after_us": statistics.median(r[0] + r[1] for r in rows)}
 
 
-def print_kernel(text: str, paths: list[str]) -> None:
+def print_kernel(text: str, paths: list[str]) -> int:
     for path in paths:
-        r = after_ready(json.load(open(path))["kernels"], text)
+        kernels = json.load(open(path))["kernels"]
+        if any("late_us" not in k for k in kernels):
+            print(f"{path}: no late_us (recorded before bench/timeline_delays.py; read it with that tool's --step)")
+            return 1
+        r = after_ready(kernels, text)
         if not r["count"]:
             print(f"{path}: no launch of {text}")
             continue
         print(f"{path}: {r['count']} x {text}: starts {r['start_after_us']:.2f} us after it is ready, runs "
               f"{r['duration_us']:.2f} us, ends {r['end_after_us']:.2f} us after it is ready (medians)")
+    return 0
 
 
 def main(argv: list[str]) -> int:
     if "--kernel" in argv:
         i = argv.index("--kernel")
-        if i + 1 >= len(argv) or len(argv) < i + 3:
+        paths = argv[:i] + argv[i + 2:]
+        if i + 1 >= len(argv) or not paths:   # the text and at least one timeline
             print(__doc__)
             return 2
-        print_kernel(argv[i + 1], argv[:i] + argv[i + 2:])
-        return 0
+        return print_kernel(argv[i + 1], paths)
     chain, as_json = "--chain" in argv, "--json" in argv
     argv = [a for a in argv if a not in ("--chain", "--json")]
     if as_json and argv:
