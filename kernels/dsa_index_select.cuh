@@ -12,8 +12,8 @@
 //   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
 //   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below. MMA (FP32
 //   cache only; numerics `fast`) scores on BF16 tensor cores (dsa_index_score_mma.cuh). ORDER_FREE
-//   (numerics `fast`: the decode reading the list takes it as a set, in an order of its own): when
-//   the top k holds every valid pool, the list is those pools in index order, with no scores.
+//   (numerics `fast`: the decode reading the list takes it as a set, in an order of its own): the
+//   list is the top k pools in index order; when the top k holds every valid pool, with no scores.
 //
 // Work. Phase 1, every CTA: the valid pools are cut into G contiguous ranges of whole 32-pool
 // chunks; a CTA stages its chunks in shared memory (cp.async, double-buffered; the FP8 cache is
@@ -34,7 +34,11 @@
 // decode deals the entries to slices and has its own accumulation order) does not need that order,
 // so CTA 0 writes pools 0 .. k-1 in index order (then the tail, then -1) after the wait and every
 // CTA returns: no key is read, scores, hist and arrive are left as they are (zero). Past that
-// context the launch is the ranked form's, bit for bit.
+// context the launch scores and selects as the ranked form does (the same scores and the same
+// set), then lists the set in index order instead of compacting and sorting it by rank
+// (dsa_list_in_index_order: a bitmap and a prefix count, deterministic; the compaction and the
+// bitonic sort of the 512 picks took 4.4-4.6 us of the select alone at every context past 1k,
+// twelfth session). kbpc.reference.dsa_indexer.index_order_selection is that list.
 //
 // QROT. The normalised Walsh-Hadamard matrix is symmetric and orthogonal (FWHT(FWHT(x)) = D x), so
 // q . ktilde = q . FWHT(sigma c) / D = (sigma / D) (FWHT(q) . c), c = e4m3(code). Each warp rotates
@@ -338,6 +342,45 @@ __device__ __forceinline__ void dsa_score_chunks(DsaSelectPhase1<H, D, FP8>& p1,
     }
 }
 
+// ORDER_FREE past the all-pools regime: the pools of the gathered keys >= thr (exactly the top k)
+// listed in increasing pool index, a deterministic order without a sort. Per pass over a span of
+// 32 * WORDS pools: a bitmap in `bits` (WORDS = 2 * NSORT words, the slots candidates never use),
+// one bit set per selected pool of the span, then each thread takes WORDS / blockDim.x words
+// (thread 0 the highest), the suffix sum over the threads above gives the count of lower pools, and
+// the thread writes its pools in order into list (at most TOPK_POOLS entries: the histogram's
+// words, free after the radix select). `placed` carries the count across passes (one pass up to
+// 32768 pools, four at the seed's 524288-token cache).
+template <int NSORT>
+__device__ __forceinline__ void dsa_list_in_index_order(const unsigned long long* cand, int m, unsigned long long thr,
+                                                        int n, uint32_t* bits, int32_t* list, uint32_t* placed,
+                                                        uint32_t* wsum) {
+    constexpr int WORDS = 2 * NSORT, SPAN = 32 * WORDS;
+    const int tid = threadIdx.x, nt = blockDim.x, wpt = WORDS / nt;
+    if (tid == 0) *placed = 0;
+    for (int lo = 0; lo < n; lo += SPAN) {
+        for (int w = tid; w < WORDS; w += nt) bits[w] = 0;
+        __syncthreads();   // the bitmap is clear; `placed` is current
+        const uint32_t before = *placed;
+        for (int i = tid; i < m; i += nt) {
+            const unsigned long long x = cand[i];
+            const int idx = dsa_rank_index(x) - lo;
+            if (x >= thr && idx >= 0 && idx < SPAN) atomicOr(&bits[idx >> 5], 1u << (idx & 31));
+        }
+        __syncthreads();
+        const int w0 = (nt - 1 - tid) * wpt;   // thread 0 holds the highest words
+        uint32_t c = 0;
+        for (int j = 0; j < wpt; ++j) c += __popc(bits[w0 + j]);
+        const uint32_t below = dsa_block_suffix(c, wsum);   // the threads above hold the lower pools
+        uint32_t pos = before + below;
+        for (int j = 0; j < wpt; ++j) {
+            for (uint32_t v = bits[w0 + j]; v != 0; v &= v - 1)
+                list[pos++] = lo + 32 * (w0 + j) + (__ffs(v) - 1);
+        }
+        if (tid == 0) *placed = before + below + c;   // every read of `placed` this pass came before the suffix
+        __syncthreads();   // every thread has read its words before the next pass clears them
+    }
+}
+
 template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA, bool ORDER_FREE>
 __device__ __forceinline__ void dsa_index_select_body(
     const float* q, const float* raw_w, const float* pool_keys,
@@ -400,6 +443,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     for (int b = tid; b < BINS; b += T) sm.hist[b] = atomicExch(&ghist[b], 0u);
     __syncthreads();
     unsigned long long pick = 0;   // this thread's slot of the sorted selection
+    unsigned long long thr = 1;    // the selection: every gathered key >= thr
     if (k > 0) {
         constexpr int BPT = BINS / T;   // thread t owns bins [t BPT, t BPT + BPT)
         uint32_t local = 0;
@@ -419,7 +463,6 @@ __device__ __forceinline__ void dsa_index_select_body(
             sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
         });
         __syncthreads();
-        unsigned long long thr = 1;   // take every gathered key >= thr
         if (fits) {
             const int m = (int)sm.count;
             if (m > k)
@@ -436,6 +479,18 @@ __device__ __forceinline__ void dsa_index_select_body(
             in_bin([&](unsigned long long x) { if (x >= t_in) sm.rank[dsa_append_slot(&sm.count)] = x; });
             __syncthreads();
         }
+        if constexpr (ORDER_FREE) {   // the set in index order: no compaction, no sort
+            dsa_list_in_index_order<NSORT>(sm.rank, (int)sm.count, thr, n, reinterpret_cast<uint32_t*>(sm.rank + CAND),
+                                           reinterpret_cast<int32_t*>(sm.hist), &sm.count2, sm.wsum);
+        }
+    }
+    if constexpr (ORDER_FREE) {
+        __syncthreads();
+        const int32_t* list = reinterpret_cast<const int32_t*>(sm.hist);
+        dsa_expand<KP, TOPK_POOLS>([&](int r) { return list[r]; }, k, s_len, t_pos, sel_tokens);
+        return;
+    }
+    if (k > 0) {
         // Compact the k selected keys (any order) into the top NSORT slots, which candidates never use.
         unsigned long long* out = sm.rank + CAND;
         out[tid] = 0ull;

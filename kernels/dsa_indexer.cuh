@@ -34,8 +34,8 @@
 //     (dsa_index_select.cuh) any G >= 1; the lowering uses one CTA per SM. QROT (numerics
 //     `fast`, FP8 cache): scores against the rotated query instead of reading keys back (bounded).
 //     MMA (numerics `fast`, FP32 cache): scores on BF16 tensor cores (dsa_index_score_mma.cuh;
-//     bounded). ORDER_FREE (numerics `fast`): while the top k is every valid pool, the list holds
-//     them in index order and nothing is scored (the fast decode takes the list as a set).
+//     bounded). ORDER_FREE (numerics `fast`): the list holds the top k pools in index order (the
+//     fast decode takes the list as a set); while the top k is every valid pool nothing is scored.
 //
 // Math and order (explain.families.dsa_indexer; every choice matches the reference):
 //   pool softmax per channel: x_s = g_s + a_s, m = max_s x_s, e_s = exp(x_s - m),

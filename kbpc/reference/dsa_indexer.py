@@ -290,6 +290,14 @@ def order_free_selection(geo: IndexerGeometry, seq_len: int, tau: int) -> np.nda
     return expand_selection(geo, np.arange(topk_count(geo, seq_len, tau)), seq_len, tau)
 
 
+def index_order_selection(geo: IndexerGeometry, pools, seq_len: int, tau: int) -> np.ndarray:
+    """The list the select's ORDER_FREE form (numerics `fast`) writes past the contexts where
+    order_free_selection applies: the ranked top-k pools (`pools`, as top_pools gives them) in
+    increasing index, then the tail, -1 padding. The same entries as select_tokens' list; the fast
+    MLA decode takes it as a set. Where every pool is selected it is order_free_selection's list."""
+    return expand_selection(geo, np.sort(np.asarray(pools, np.int64)), seq_len, tau)
+
+
 def every_pool_selected(geo: IndexerGeometry, seq_len: int, tau: int) -> bool:
     """Whether the top k_t is every valid pool, whatever the scores (dsa_every_pool_selected in
     kernels/dsa_indexer_common.cuh): the unranked select then reads no score, and the projections

@@ -5,8 +5,10 @@ rotated query over the fp8 cache), on fresh random keys and queries each run.
 While the top k holds every valid pool the list must be exactly
 kbpc.reference.dsa_indexer.order_free_selection (the ranked list's entries in index order: the
 reference test holds that) with nothing scored: the poisoned scores stay NaN, the histogram and the
-arrival counter stay zero. Past that context the flag must change nothing: the same scores and the
-same list, bit for bit, as the ranked form's launch on the same inputs. The fast MLA decode's bound
+arrival counter stay zero. Past that context the flag keeps the ranked form's scores, bit for bit,
+and its set: the list is the ranked launch's pools in index order
+(kbpc.reference.dsa_indexer.index_order_selection), with one bitmap pass per 32768 pools, so
+the cases reach past one pass. The fast MLA decode's bound
 does not depend on the list's order (tests/gpu/test_gpu_mla_decode_fast.py runs it on shuffled
 lists of the visible tokens, the shape of this list)."""
 from __future__ import annotations
@@ -78,14 +80,18 @@ def test_every_pool_selected_is_listed_unranked_without_scores(form, h, d, topk,
 
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("h,d,topk,n_tokens,grid", [
-    (32, 128, 512, 4 * 513, 132), (32, 128, 512, 4 * 4096 + 3, 132), (7, 32, 3, 4 * 4, 1), (7, 32, 3, 4 * 77 + 1, 2)])
-def test_past_the_top_k_the_flag_changes_nothing(form, h, d, topk, n_tokens, grid):
-    """One pool more than the top k and beyond: the ranked form's scores and list, bit for bit."""
+    (32, 128, 512, 4 * 513, 132), (32, 128, 512, 4 * 4096 + 3, 132), (32, 128, 512, 4 * 40000 + 1, 132),
+    (7, 32, 3, 4 * 4, 1), (7, 32, 3, 4 * 77 + 1, 2), (7, 32, 3, 4 * 33000 + 2, 3)])
+def test_past_the_top_k_the_set_is_listed_in_index_order(form, h, d, topk, n_tokens, grid):
+    """One pool more than the top k and beyond (past 32768 pools: two bitmap passes): the ranked
+    form's scores bit for bit, and its pools in index order."""
     rng = np.random.default_rng()
     inputs = _inputs(rng, h, d, n_tokens)
     geo, s0, t0, clean0 = _launch(form, False, h, d, topk, n_tokens, grid, *inputs)
     _, s1, t1, clean1 = _launch(form, True, h, d, topk, n_tokens, grid, *inputs)
     assert dsa.order_free_selection(geo, n_tokens, n_tokens - 1) is None
     np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))
-    np.testing.assert_array_equal(t1, t0)
+    k = dsa.topk_count(geo, n_tokens, n_tokens - 1)
+    ranked_pools = t0[:k * KP:KP] // KP
+    np.testing.assert_array_equal(t1, dsa.index_order_selection(geo, ranked_pools, n_tokens, n_tokens - 1))
     assert clean0 and clean1, "scratch not returned to zero"

@@ -109,6 +109,28 @@ def test_order_free_selection_is_the_ranked_list_reordered(topk_pools):
         assert unranked >= min(seq_len, 4 * topk_pools + 3)
 
 
+@pytest.mark.parametrize("topk_pools", [1, 3, 8])
+def test_index_order_selection_is_the_ranked_list_in_index_order(topk_pools):
+    """Past the contexts where every pool is selected, the ORDER_FREE select lists the ranked top k in
+    increasing pool index (index_order_selection): select_tokens' entries, the pools ascending, the
+    tail and padding where they were; where every pool is selected it is order_free_selection."""
+    rng = np.random.default_rng()
+    geo = dsa.IndexerGeometry(head_dim=32, heads=3, pool=4, topk_tokens=4 * topk_pools)
+    seq_len = 4 * topk_pools + 37
+    pk = rng.normal(size=(seq_len // 4 + 1, 32)).astype(F32)
+    q, raw = rng.normal(size=(3, 32)).astype(F32), rng.normal(size=3).astype(F32)
+    for tau in range(seq_len):
+        pools, ranked = dsa.select_tokens(geo, q, raw, pk, seq_len, tau)
+        listed = dsa.index_order_selection(geo, pools, seq_len, tau)
+        np.testing.assert_array_equal(np.sort(listed), np.sort(ranked))
+        n = 4 * len(pools)
+        np.testing.assert_array_equal(listed[:n:4] // 4, np.sort(pools))
+        np.testing.assert_array_equal(listed[n:], ranked[n:])
+        free = dsa.order_free_selection(geo, seq_len, tau)
+        if free is not None:
+            np.testing.assert_array_equal(listed, free)
+
+
 @pytest.mark.parametrize("topk_pools", [1, 3, 512])
 def test_every_pool_selected_is_where_the_select_reads_no_score(topk_pools):
     """every_pool_selected (the switch the unranked select and the score-only projections share,

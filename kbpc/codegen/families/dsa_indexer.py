@@ -19,10 +19,11 @@ kbpc.reference.dsa_indexer.rotated_score_bound. `exact` keeps the read-back (the
 Numerics `fast` with the f32 cache picks the tensor-core form (template flag MMA): queries and pool
 keys rounded to BF16, FP32 accumulation on mma.sync (the explain's tensor-core score path), within
 kbpc.reference.dsa_indexer.bf16_score_bound; `exact` keeps the lane-strided FP32 order.
-Numerics `fast` also sets ORDER_FREE: the fast MLA decode takes the selection as a set, so while the
-top k holds every valid pool (contexts up to index_topk tokens) the select lists them in index order
-without scoring any (kbpc.reference.dsa_indexer.order_free_selection); `exact` ranks them by score,
-since the exact decode accumulates in list order.
+Numerics `fast` also sets ORDER_FREE: the fast MLA decode takes the selection as a set, so the select
+lists the top k pools in index order rather than by rank (kbpc.reference.dsa_indexer.
+index_order_selection: no sort), and while the top k holds every valid pool (contexts up to
+index_topk tokens) it lists them without scoring any (order_free_selection); `exact` ranks them by
+score, since the exact decode accumulates in list order.
 
 Geometry is read on the device: SEQ (cached tokens with this one) and POS (its position)."""
 from __future__ import annotations
