@@ -35,7 +35,8 @@ def is_known_op(op: str) -> bool:
 
 def selection_is_a_set(bp: Blueprint, node: Node, numerics: str) -> bool:
     """Whether an index_select's token list may hold its entries in an order of its own (the select's
-    ORDER_FREE form, kbpc.reference.dsa_indexer.order_free_selection): in `fast` numerics, where every
+    ORDER_FREE form: pool index order, kbpc.reference.dsa_indexer.order_free_selection while every
+    pool is selected, index_order_selection past that): in `fast` numerics, where every
     reader is an MLA decode, whose fast form deals the entries to slices and sums in an order of its
     own; the exact decode sums in list order, so there the rank order is part of the result."""
     return (numerics == "fast" and node.op == "index_select"
