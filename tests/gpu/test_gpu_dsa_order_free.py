@@ -8,7 +8,8 @@ reference test holds that) with nothing scored: the poisoned scores stay NaN, th
 arrival counter stay zero. Past that context the flag keeps the ranked form's scores, bit for bit,
 and its set: the list is the ranked launch's pools in index order
 (kbpc.reference.dsa_indexer.index_order_selection), with one bitmap pass per 32768 pools, so
-the cases reach past one pass. The fast MLA decode's bound
+the cases reach past one pass; a crowded case (thousands of pools tied at the top score, so the
+candidates fill most of the rank slots) at the 524288-token cache's 131072 pools. The fast MLA decode's bound
 does not depend on the list's order (tests/gpu/test_gpu_mla_decode_fast.py runs it on shuffled
 lists of the visible tokens, the shape of this list)."""
 from __future__ import annotations
@@ -93,5 +94,33 @@ def test_past_the_top_k_the_set_is_listed_in_index_order(form, h, d, topk, n_tok
     np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))
     k = dsa.topk_count(geo, n_tokens, n_tokens - 1)
     ranked_pools = t0[:k * KP:KP] // KP
+    np.testing.assert_array_equal(t1, dsa.index_order_selection(geo, ranked_pools, n_tokens, n_tokens - 1))
+    assert clean0 and clean1, "scratch not returned to zero"
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("h,d,topk,tied", [(32, 128, 512, 1500), (32, 128, 512, 3000), (7, 32, 3, 3000)])
+def test_a_crowded_top_bin_is_listed_in_index_order(form, h, d, topk, tied):
+    """131072 pools, `tied` of them (at random places) with one key that outscores every other
+    pool: the threshold bin holds them all, so the select gathers `tied` candidates (1500 leaves
+    room for one bitmap of every pool beside them, 3000 does not). The ranked form breaks the ties
+    to the lower pool index; the flag lists the same set in index order, with the same scores."""
+    rng = np.random.default_rng()
+    n_tokens = 4 * 131072 + 1
+    keys, q, raw = _inputs(rng, h, d, n_tokens)
+    raw = np.abs(raw) + F32(0.5)                      # every head counts for the tied key
+    keys *= F32(0.01)                                 # every other pool scores near zero
+    top = q.sum(axis=0) / np.linalg.norm(q.sum(axis=0)) * F32(4)
+    where = rng.choice(n_tokens // KP, size=tied, replace=False)
+    keys[where] = top.astype(F32)
+    inputs = (keys, q, raw)
+    geo, s0, t0, clean0 = _launch(form, False, h, d, topk, n_tokens, 132, *inputs)
+    _, s1, t1, clean1 = _launch(form, True, h, d, topk, n_tokens, 132, *inputs)
+    valid = s0[:dsa.valid_pools(geo, n_tokens, n_tokens - 1)]
+    assert np.count_nonzero(valid == valid.max()) == tied, "the premise: the tied pools share the top score"
+    np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))
+    k = dsa.topk_count(geo, n_tokens, n_tokens - 1)
+    ranked_pools = t0[:k * KP:KP] // KP
+    np.testing.assert_array_equal(np.sort(ranked_pools), np.sort(where)[:k])   # ties go to the lower index
     np.testing.assert_array_equal(t1, dsa.index_order_selection(geo, ranked_pools, n_tokens, n_tokens - 1))
     assert clean0 and clean1, "scratch not returned to zero"
