@@ -17,6 +17,9 @@
 //       fast form (FP32 accumulation, numerics fast), within gemv_bounds.w4a4_fast_bound of it.
 //   w4a4_gemv_moe_slots<K, FAST, TILES>: TILES 16-row tiles a CTA, grid = (N/(16 TILES), S),
 //       N % (16 TILES) == 0; the same bytes (more weight bytes in flight per lane for small K).
+//   w4a4_gemv_moe_slots_after_quant<K, FAST, TILES>(ids, a_codes, a_scales, a_g, w_codes, w_scales,
+//       w_gscale, y, N): the down projection's form (act_div 1) right after
+//       w4a4_quant_swiglu_rows_static, its expert id read and its weights loaded before pdl_wait.
 //   w4a4_gemv_moe_slots_bf16<K>(ids, act_div, x, gamma, w_codes, w_scales, w_gscale, y, N)
 //       w4a4_quant_rows_static fused into w4a4_gemv_moe_slots (same grid): each CTA quantizes its
 //       BF16 activation row x[s / act_div] (K values) with gamma straight into shared memory, the
@@ -68,7 +71,9 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows_static(const __nv_bfloat1
 // (K = 2048) four chunks of weights in flight, as one tile of the gate/up's K = 4096 does (H200,
 // 8 slots of 4096 x 2048, fast form alone: 13.85 -> 13.50 us; in the step the down ends ~0.3 us
 // sooner: both GEMVs carry ~4 us of ramp and tail beside their byte time, which this leaves).
-template <int K, bool FAST = false, int TILES = 1>
+// IDS_EARLY (w4a4_gemv_moe_slots_after_quant): the caller has not waited yet; the expert id is
+// read through L2 and the weights are put in flight before this function's pdl_wait.
+template <int K, bool FAST = false, int TILES = 1, bool IDS_EARLY = false>
 __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
     int first_tile, int slot, const int* ids, int act_div, const uint8_t* a_codes,
     const uint8_t* a_scales, const float* a_g,
@@ -76,10 +81,11 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
     const float* w_gscale, __nv_bfloat16* y, int N) {
     static_assert(K % 128 == 0 && TILES >= 1, "w4a4 walks K in 128-wide chunks");
     __shared__ W4A4Smem<K> sm;
-    const int e = ld_step(ids + slot);
+    const int e = IDS_EARLY ? __ldcg(ids + slot) : ld_step(ids + slot);
     const size_t n0 = (size_t)first_tile * 16;
     __nv_bfloat16* yo = y + (size_t)slot * N + n0;
     if (e < 0) {  // empty slot: defined zeros (uniform branch for the whole CTA)
+        if (IDS_EARLY) ::kbp::pdl_wait();   // y may still be read by an earlier kernel
         if (threadIdx.x < 16 * TILES) yo[threadIdx.x] = f32_to_bf16(0.0f);
         return;
     }
@@ -91,6 +97,7 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
         w4a4_load_rows<K>(w[i], w_codes + (ew + n0 + 16 * i) * (K / 2), w_scales + (ew + n0 + 16 * i) * (K / 16),
                           warp, lane);
     const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
+    if (IDS_EARLY) ::kbp::pdl_wait();   // the activation rows come from the previous kernel
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     __syncthreads();
     float acc[TILES];
@@ -122,6 +129,22 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
     const float* w_gscale, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w4a4_gemv_moe_slots_dev<K, FAST, TILES>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+}
+
+// w4a4_gemv_moe_slots right after a launch that triggers its dependents only once its own
+// pdl_wait has returned (w4a4_quant_swiglu_rows_static, rule moe_swiglu_down): when this grid
+// runs, every kernel before that launch has completed, the router that wrote the expert ids
+// among them, so a CTA reads its id (through L2: an L1 line may predate the router's store) and
+// puts its weights in flight before its own pdl_wait, which then covers only the quantizer's
+// activation rows. The same bytes as w4a4_gemv_moe_slots.
+template <int K, bool FAST = false, int TILES = 1, int MIN_CTAS = w4a4_min_ctas<K>()>
+__global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots_after_quant(
+    const int* ids, const uint8_t* a_codes,
+    const uint8_t* a_scales, const float* a_g,
+    const uint8_t* w_codes, const uint8_t* w_scales,
+    const float* w_gscale, __nv_bfloat16* y, int N) {
+    w4a4_gemv_moe_slot_tile<K, FAST, TILES, true>(blockIdx.x * TILES, blockIdx.y, ids, 1, a_codes, a_scales, a_g,
+                                                  w_codes, w_scales, w_gscale, y, N);
 }
 
 // Stage a BF16 row quantized with the static global scale gamma, as w4a4_stage_act stages the
@@ -202,9 +225,11 @@ __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_
                                                                       uint8_t* a_scales,
                                                                       float* a_g) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
-    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     const float inv_g = __fdiv_rn(1.0f, gamma);
     ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
+    // Dependents only after the wait (their CTAs still become resident before this launch's
+    // work): w4a4_gemv_moe_slots_after_quant reads the router's ids before its own wait.
+    ::kbp::pdl_launch_dependents();
     const size_t r = blockIdx.y;
     const int i = blockIdx.x * 256 + threadIdx.x;  // K % 16 == 0: a group is all in or all out
     if (i >= K) return;                             // whole 16-lane groups leave together

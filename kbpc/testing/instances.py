@@ -108,6 +108,7 @@ def w4a4_quant_rows_static(k: int) -> KernelInstance:
 w4a4_moe_slots = w4a4_mx_static.slots_instance                   # the lowering's own
 w4a4_quant_swiglu_rows_static = w4a4_mx_static.quant_swiglu_instance
 w4a4_moe_gate_up_swiglu = w4a4_mx_static.gate_up_swiglu_instance
+w4a4_moe_slots_after_quant = w4a4_mx_static.slots_after_quant_instance
 
 
 def w4a4_moe_slots_bf16(k: int) -> KernelInstance:
@@ -261,6 +262,7 @@ MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::w4a4_gemv_moe_slots_bf16": w4a4_moe_slots_bf16,
     "kbp::w4a4_quant_swiglu_rows_static": w4a4_quant_swiglu_rows_static,
     "kbp::w4a4_gemv_moe_gate_up_swiglu": w4a4_moe_gate_up_swiglu,
+    "kbp::w4a4_gemv_moe_slots_after_quant": w4a4_moe_slots_after_quant,
     "kbp::wxay_rowscale": wxay_rowscale, "kbp::wxay_rowscale_split_list": wxay_split_list,
     "kbp::w8a8_act_quant_row": lambda k, split=1: w8a8_quant(k, "row", split),
     "kbp::swiglu_clamp": swiglu, "kbp::moe_combine": moe_combine, "kbp::embed_copy": embed,

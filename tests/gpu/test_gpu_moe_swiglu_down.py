@@ -1,7 +1,9 @@
 """GPU tests of the step's fused routed SwiGLU forms through the product's launchers, bit for bit
 against the reference (kbpc.reference): rule moe_swiglu_down (the slots' SwiGLU + quantization in
-one launch, w4a4_quant_swiglu_rows_static, then the slot GEMV over the quantized rows) and rule
-moe_gate_up_swiglu (the gate/up slot GEMV with the SwiGLU + quantization in its epilogue)."""
+one launch, w4a4_quant_swiglu_rows_static, then the slot GEMV over the quantized rows in the form
+that reads its expert ids before its wait, w4a4_gemv_moe_slots_after_quant, and in the plain form)
+and rule moe_gate_up_swiglu (the gate/up slot GEMV with the SwiGLU + quantization in its
+epilogue)."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -13,7 +15,7 @@ from kbpc.reference import w4a4_mx_static as ref_w4a4s
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, quantize_nvfp4, quantize_nvfp4_static, to_bf16
 from kbpc.reference.glm_swiglu_clamp import swiglu_clamp_rows
 from kbpc.codegen.families import w4a4_mx_static
-from kbpc.codegen.families.w4a4_mx_static import quant_swiglu_grid
+from kbpc.codegen.families.w4a4_mx_static import quant_swiglu_grid, slots_after_quant_instance
 from kbpc.testing.instances import w4a4_moe_slots, w4a4_quant_swiglu_rows_static
 
 pytestmark = pytest.mark.gpu
@@ -48,6 +50,18 @@ def _assert_equal(got_bits, want, what):
 SIZES = [(4096, 4096, 10, 8), (4096, 2048, 10, 8), (48, 2176, 5, 4), (7168, 1024, 6, 6), (272, 7168, 4, 3)]
 
 
+def instances():
+    """The instances this module launches (tests/nvcc/test_gpu_test_instances.py builds them)."""
+    out = []
+    for n, k, _, _ in SIZES:
+        tiles = w4a4_mx_static.slot_tiles(k, n)
+        out += [w4a4_quant_swiglu_rows_static(k), w4a4_moe_slots(k, False, tiles)]
+        out += [slots_after_quant_instance(k, fast, tiles) for fast in (False, True)]
+    out += [w4a4_quant_swiglu_rows_static(k) for k in (16, 48, 1040, 2064)]
+    out += [w4a4_mx_static.gate_up_swiglu_instance(k, i) for k, i, _, _ in GATE_UP_SIZES]
+    return out
+
+
 @pytest.mark.parametrize("n,k,experts,top_k", SIZES)
 def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     """The step's down projection (rule moe_swiglu_down): w4a4_quant_swiglu_rows_static writes the
@@ -74,7 +88,22 @@ def test_step_pair_swiglu_quant_then_slots(n, k, experts, top_k):
     y = gpu.poisoned((top_k, n), np.uint16)
     launcher(slots)((n // (16 * tiles), top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws),
                     gpu.to_gpu(wg), y, n, pdl=True)
-    _assert_equal(gpu.fetch(y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids), f"pair n={n} k={k}")
+    want = ref_w4a4s.w4a4_static_moe_slots(h, gamma, *weights, ids)
+    _assert_equal(gpu.fetch(y, "y"), want, f"pair n={n} k={k}")
+    # the step's form: the ids and weights before the wait, the same bytes (and the fast form's
+    # bytes equal to the plain fast slot GEMV's)
+    after = gpu.poisoned((top_k, n), np.uint16)
+    launcher(slots_after_quant_instance(k, False, tiles))((n // (16 * tiles), top_k, 1), (256, 1, 1), gpu.to_gpu(ids),
+                                                          c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws), gpu.to_gpu(wg),
+                                                          after, n, pdl=True)
+    _assert_equal(gpu.fetch(after, "y after the quantizer"), want, f"after-quant form n={n} k={k}")
+    fast_plain, fast_after = gpu.poisoned((top_k, n), np.uint16), gpu.poisoned((top_k, n), np.uint16)
+    launcher(w4a4_moe_slots(k, True, tiles))((n // (16 * tiles), top_k, 1), (256, 1, 1), gpu.to_gpu(ids), 1, c, s, a,
+                                             gpu.to_gpu(wp), gpu.to_gpu(ws), gpu.to_gpu(wg), fast_plain, n, pdl=True)
+    launcher(slots_after_quant_instance(k, True, tiles))((n // (16 * tiles), top_k, 1), (256, 1, 1), gpu.to_gpu(ids),
+                                                         c, s, a, gpu.to_gpu(wp), gpu.to_gpu(ws), gpu.to_gpu(wg),
+                                                         fast_after, n, pdl=True)
+    assert np.array_equal(gpu.fetch(fast_after, "fast after"), gpu.fetch(fast_plain, "fast plain"))
 
 
 @pytest.mark.parametrize("k", [16, 48, 1040, 2064])

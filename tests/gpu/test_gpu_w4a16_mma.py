@@ -54,7 +54,10 @@ def ctas(n, t):
 
 
 def assert_fast_bound(got_bits, x, weight, ks, what):
-    """The stated bound, per output, and >= 90% identical to the reference bits."""
+    """The stated bound, per output, and, over 64 outputs or more, >= 90% identical to the
+    reference bits (a sanity check on the accumulation, not the contract: with fresh random inputs
+    a few outputs round the other way, so at 3 outputs one such flip is a third of them: seen on
+    an H200 at 3 x 32)."""
     packed, scales, sg = weight
     want = ref_w4a16.w4a16_gemv(x, packed, scales, sg)[0]
     got = bf16_from_bits(got_bits.reshape(-1))
@@ -65,7 +68,7 @@ def assert_fast_bound(got_bits, x, weight, ks, what):
     assert ok.all(), (f"{what}: {bad.size} outputs outside the bound, first {bad[:5]}: got {got[bad[:5]]} "
                       f"want {want[bad[:5]]} bound {bound[bad[:5]]}")
     same = np.mean(got_bits.reshape(-1) == bf16_bits(want))
-    assert same >= 0.9, f"{what}: only {same:.3f} of outputs equal the reference bits"
+    assert got.size < 64 or same >= 0.9, f"{what}: only {same:.3f} of outputs equal the reference bits"
 
 
 def _run_mma(n, k, ks, t, x, weight):

@@ -25,7 +25,7 @@ GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 MODULES = ["test_gpu_projections", "test_gpu_w4a16_mma", "test_gpu_w4a16_mma_pair", "test_gpu_gemv_split",
            "test_gpu_glue_projections", "test_gpu_norms", "test_gpu_dsa_lowering_forms", "test_gpu_kda", "test_gpu_misc", "test_gpu_misc_mhc",
            "test_gpu_router_expert_quant", "test_gpu_mla_decode_fast", "test_gpu_moe_experts",
-           "test_gpu_dsa_order_free", "test_gpu_dense_scores_only"]
+           "test_gpu_dsa_order_free", "test_gpu_dense_scores_only", "test_gpu_moe_swiglu_down"]
 # Modules whose tests also launch the headers' fast-math build (-DKBP_FAST_MATH) and whose kernels
 # were compile-tested for sm_121 as well (their former wrappers were): built those ways too.
 FAST_AND_SM121 = (("sm_90", ("-DKBP_FAST_MATH",)), ("sm_121", ()))

@@ -79,7 +79,8 @@ def test_fused_quant_then_slot_launches(tiny):
 
 def test_swiglu_fused_into_down(tiny_path):
     """Rule moe_swiglu_down (a default rule): the routed SwiGLU group joins the down projection's group; one
-    launch writes the quantized SwiGLU rows (one per slot), the slot GEMV reads them."""
+    launch writes the quantized SwiGLU rows (one per slot), the slot GEMV reads them (its form that
+    reads the expert ids before its wait, w4a4_gemv_moe_slots_after_quant)."""
     plan = run_pipeline(load_blueprint(tiny_path), Options(add_fusions=("moe_swiglu_down",)))
     ctx = LowerCtx(plan)
     bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
@@ -98,7 +99,11 @@ def test_swiglu_fused_into_down(tiny_path):
         assert quant_launch.args[0] == ctx.buf(gu, f"const {BF}") and quant_launch.args[3:] == rows
         assert quant_launch.args[1].value == pytest.approx(ctx.c.swiglu_limit)
         assert quant_launch.args[2] == ctx.weight_value(expert, "input_scale")
-        assert slots.args[1] == lit(1) and slots.args[2:5] == rows
+        # the down projection reads its ids before its wait: the quantizer triggers after its own
+        n = ctx.output(expert).dim_value
+        tiles = w4a4_mx_static.slot_tiles(k, n)
+        assert slots.instance == w4a4_mx_static.slots_after_quant_instance(k, w4a4_mx_static.fast_form(ctx), tiles)
+        assert slots.args[1:4] == rows and slots.grid == (n // (16 * tiles), top_k, 1)
         assert set(quant_launch.nodes) | set(slots.nodes) == set(g.nodes)
         assert unwritten(plan, g, [quant_launch, slots]) == []
 
