@@ -417,7 +417,7 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: b
     if trace_path is not None:
         from kbpc.runtime.bench_report import chrome_trace
         from kbpc.util.atomic import write_text_atomic
-        write_text_atomic(trace_path, json.dumps(chrome_trace(plan, measured, model.run.blueprint_id)) + "\n")
+        write_text_atomic(trace_path, json.dumps(chrome_trace(model.run, plan, measured, model.run.blueprint_id)) + "\n")
     if plot_path is not None:
         from kbpc.runtime.bench_report import plot_families
         plot_families(r, plot_path)

@@ -21,7 +21,7 @@ from kbpc.bundle.keys import Keyring, Signer
 from kbpc.bundle.keystore import signing_key
 from kbpc.bundle.manifest import canonical_json
 from kbpc.codegen.emit import Sources, build_step, generate
-from kbpc.codegen.records import Launch
+from kbpc.codegen.records import Launch, profile_marks
 from kbpc.errors import KbpcError
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.plan import Options, Plan
@@ -213,7 +213,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
                                           if isinstance(l, Launch) and l.priority),
                  "kernel_instances": len(step.instances), "vocab": step.vocab,
                  "critical_path_us": plan.critical_path_us, "serial_us": plan.serial_us,
-                 "fusion": fusion.to_json()},
+                 "fusion": fusion.to_json(),
+                 "marks": [m.to_json() for m in profile_marks(step.groups)]},
         "state": [{"name": s.name, "bytes": s.nbytes, "shape": list(s.shape), "storage": s.storage}
                   for s in plan.state],
         "weights": [{"name": w.name, "storage": w.storage, "shape": list(w.shape), "bytes": w.nbytes,

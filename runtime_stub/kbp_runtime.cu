@@ -128,10 +128,10 @@ int kbp_step(KbpHandle* h, int token, int position) {
     return 0;
 }
 
-int kbp_profile_step(KbpHandle* h, int token, int position, float* group_ms) {
+int kbp_profile_step(KbpHandle* h, int token, int position, float* mark_ms) {
     const KbpStepInfo& info = kbp_step_info;
     std::vector<cudaStream_t> one(info.streams, h->streams[0]);   // serialize: one stream
-    std::vector<cudaEvent_t> marks(info.groups + 1, nullptr);
+    std::vector<cudaEvent_t> marks(info.marks + 1, nullptr);
     cudaError_t e = cudaSuccess;
     for (auto& m : marks)
         if (e == cudaSuccess) e = cudaEventCreate(&m);
@@ -142,7 +142,7 @@ int kbp_profile_step(KbpHandle* h, int token, int position, float* group_ms) {
     if (e == cudaSuccess) e = cudaEventRecord(marks[0], h->streams[0]);
     if (e == cudaSuccess) e = kbp_enqueue_step(&h->bindings, one.data(), h->events.data(), marks.data() + 1);
     if (e == cudaSuccess) e = cudaStreamSynchronize(h->streams[0]);
-    for (int i = 0; i < info.groups && e == cudaSuccess; ++i) e = cudaEventElapsedTime(&group_ms[i], marks[i], marks[i + 1]);
+    for (int i = 0; i < info.marks && e == cudaSuccess; ++i) e = cudaEventElapsedTime(&mark_ms[i], marks[i], marks[i + 1]);
     for (auto m : marks) if (m) cudaEventDestroy(m);
     return e == cudaSuccess ? 0 : fail("profiling the step", e);
 }

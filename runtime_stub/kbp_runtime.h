@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define KBP_ABI_VERSION 3
+#define KBP_ABI_VERSION 4   // 4: the profile marks one event per launch (3: per plan group)
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +24,7 @@ typedef struct {
     int streams;
     int events;
     int launches;                   // kernel launches per step
-    int groups;                     // scheduled groups (profiling marks one per group)
+    int marks;                      // profile marks: one after each launch or collective, in issue order
     int vocab;
     unsigned long long logits_bytes;
     const char* plan_digest;
@@ -61,9 +61,10 @@ void* kbp_logits(KbpHandle* h);                         // device pointer: BF16 
 int kbp_greedy(KbpHandle* h, int* token, int* nonfinite);
 int kbp_destroy(KbpHandle* h);
 const char* kbp_last_error(void);
-// Profiling: one eager step with every group on one stream and a timing event after each group;
-// group_ms[i] = time of group i (launch order). The sequence position advances like kbp_step.
-int kbp_profile_step(KbpHandle* h, int token, int position, float* group_ms);
+// Profiling: one eager step with every launch on one stream and a timing event after each launch
+// (and collective); mark_ms[i] = time of launch i in issue order (kbp_info()->marks of them). The
+// sequence position advances like kbp_step.
+int kbp_profile_step(KbpHandle* h, int token, int position, float* mark_ms);
 void* kbp_stream(KbpHandle* h);                         // the stream a step runs on
 // The captured step graph's dependency edges: all of them, and how many are programmatic (the
 // kernel after them may start before the one before them ends: PDL). -1 without a graph.

@@ -21,9 +21,7 @@ def issue_aside(step: StepProgram, options: Options) -> StepProgram:
     waiting for an event recorded after that group's other launches; every group holding one of
     its reader nodes waits for an event recorded after it. So the kernels after the group on its
     stream no longer wait for the aside launch (under PDL a kernel waits for its whole predecessor
-    grid), and its readers still see its writes. The group's profile mark moves to its last aside
-    part: one mark per plan group, as the bench report reads them. A reader that never comes is a
-    lowering error."""
+    grid), and its readers still see its writes. A reader that never comes is a lowering error."""
     if not any(isinstance(l, Launch) and l.aside for g in step.groups for l in g.launches):
         return step
     side, events = step.streams, step.events
@@ -36,14 +34,11 @@ def issue_aside(step: StepProgram, options: Options) -> StepProgram:
         record = g.record
         if aside and record is None:
             record, events = events, events + 1
-        # The plan group's profile mark moves to its last aside part, so that a serialized profile
-        # (kbp_profile_step) still has one mark per plan group, the aside kernels timed with theirs.
-        groups.append(dataclasses.replace(g, waits=g.waits + tuple(extra), launches=main, record=record,
-                                          mark=g.mark and not aside))
-        for k, launch in enumerate(aside):
+        groups.append(dataclasses.replace(g, waits=g.waits + tuple(extra), launches=main, record=record))
+        for launch in aside:
             groups.append(GroupCode(group=g.group, rule=f"aside:{g.rule}", family=g.family, stream=side,
                                     waits=(record,), record=events, nodes=launch.nodes, launches=(launch,),
-                                    urgent=g.urgent, mark=g.mark and k == len(aside) - 1))
+                                    urgent=g.urgent))
             for reader in launch.aside:
                 pending.setdefault(reader, set()).add(events)
             events += 1

@@ -71,7 +71,26 @@ class GroupCode:
     nodes: tuple[str, ...]
     launches: tuple[Launch | Collective, ...]
     urgent: bool = False             # the schedule's: on the modelled critical path
-    mark: bool = True                # records its plan group's profile mark (False: an aside part after it does)
+
+
+@dataclass(frozen=True)
+class ProfileMark:
+    """One mark of the serialized profile (kbp_profile_step): the event recorded after one launch
+    (or collective) of the step, in the step's issue order, so a family's time is its own kernels'
+    even where a fused group holds launches of several families."""
+    group: int                       # the plan group the launch belongs to
+    family: str                      # the launch's kernel family ("collective" for a collective)
+    stream: int
+    nodes: tuple[str, ...]           # the blueprint nodes the launch computes
+
+    def to_json(self) -> dict:
+        return {"group": self.group, "family": self.family, "stream": self.stream, "nodes": list(self.nodes)}
+
+
+def profile_marks(groups: tuple[GroupCode, ...]) -> tuple[ProfileMark, ...]:
+    """The marks of a step program's groups, in the order step.cu.j2 records them."""
+    return tuple(ProfileMark(g.group, l.instance.family if isinstance(l, Launch) else "collective", g.stream, l.nodes)
+                 for g in groups for l in g.launches)
 
 
 @dataclass(frozen=True)

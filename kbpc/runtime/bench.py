@@ -83,13 +83,13 @@ def measure(model: BundleModel, context: int = 1024, runs: int = 30, warmup: int
         backend.position = min(context, backend.max_context - warmup - runs - 2)
         start = backend.position
         times = timed_steps(backend, warmup, runs)
-        group_ms = backend.profile_step(1)
+        mark_ms = backend.profile_step(1)
         device = local_device(backend.cuda).describe()
         edges = backend.graph_edges()
         covers = timed_step_covers(backend)
     finally:
         backend.close()
-    return Measurement(context=start, step_seconds=tuple(times), group_ms=tuple(float(x) for x in group_ms),
+    return Measurement(context=start, step_seconds=tuple(times), mark_ms=tuple(float(x) for x in mark_ms),
                        bandwidth=yardstick[0], bandwidth_source=yardstick[1], device=device, graph_edges=edges,
                        timed_step=covers)
 
@@ -99,5 +99,5 @@ def run_bench(model: BundleModel, context: int = 1024, runs: int = 30, warmup: i
     """(the report, the measurement, the plan as plan.json holds it)."""
     plan = model.bundle.read_json("plan.json")
     m = measure(model, context, runs, warmup, weights, bandwidth)
-    report = bench_report(model.run, plan, family_bytes(model.blueprint, plan, m.context), m)
+    report = bench_report(model.run, plan, family_bytes(model.blueprint, plan, m.context, model.run.marks), m)
     return report, m, plan

@@ -2,9 +2,12 @@
 made-up profile): the report (schema kbpc-bench/v1), a Chrome/Perfetto trace of the profiled step
 with one track per stream, and a plot of each family's time against its floor.
 
-The profile is of one eager, serialized step (an event after each group, kbp_profile_step): the
-groups ran one after another in launch order, so the trace lays them end to end, each on its
-stream's track; the overlap the CUDA graph gets between streams is not in it."""
+The profile is of one eager, serialized step (kbp_profile_step: an event after each launch, or after
+each plan group in bundles before ABI 4, which have no step.marks in their manifest): the launches
+ran one after another in issue order, so the trace lays them end to end, each on its stream's
+track; the overlap the CUDA graph gets between streams is not in it. A family's time is its own
+kernels' where the bundle marks launches (a fused group may hold launches of several families:
+the routed gate/up GEMV runs in the router's group)."""
 from __future__ import annotations
 
 import math
@@ -24,7 +27,7 @@ SCHEMA = "kbpc-bench/v1"
 class Measurement:
     context: int                     # the sequence position measured at
     step_seconds: tuple[float, ...]  # each timed graph replay
-    group_ms: tuple[float, ...]      # the profiled step, per group in launch order
+    mark_ms: tuple[float, ...]       # the profiled step, per mark (launch, or group before ABI 4) in order
     bandwidth: float                 # bytes/s, the floors' yardstick
     bandwidth_source: str
     device: str
@@ -32,8 +35,22 @@ class Measurement:
     timed_step: str = ""             # what one timed step includes (bench.timed_step_covers)
 
 
-def _launch_order(plan: dict) -> list[dict]:
-    return sorted(plan["schedule"], key=lambda s: s["position"])
+@dataclass(frozen=True)
+class Span:
+    """What one profile mark timed: its plan group, family and stream."""
+    group: int
+    family: str
+    stream: int
+
+
+def profile_spans(run: RunManifest, plan: dict) -> list[Span]:
+    """The profile's marks in order: the bundle's launches (manifest step.marks), or, for a bundle
+    without them, its plan groups in launch order."""
+    if run.marks:
+        return [Span(m.group, m.family, m.stream) for m in run.marks]
+    family_of = {g["id"]: g["family"] for g in plan["groups"]}
+    return [Span(s["group"], family_of[s["group"]], s["stream"])
+            for s in sorted(plan["schedule"], key=lambda s: s["position"])]
 
 
 def step_spread_ms(seconds: tuple[float, ...]) -> dict[str, float]:
@@ -47,12 +64,14 @@ def step_spread_ms(seconds: tuple[float, ...]) -> dict[str, float]:
 
 
 def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Measurement) -> dict:
-    family_of = {g["id"]: g["family"] for g in plan["groups"]}
+    spans = profile_spans(run, plan)
+    if len(spans) != len(m.mark_ms):
+        raise KbpcError(f"the profile has {len(m.mark_ms)} marks where the bundle lists {len(spans)}", "bench")
     per_family: dict[str, float] = defaultdict(float)
     groups: dict[str, int] = defaultdict(int)
-    for s, ms in zip(_launch_order(plan), m.group_ms):
-        per_family[family_of[s["group"]]] += ms * 1e3
-        groups[family_of[s["group"]]] += 1
+    for span, ms in zip(spans, m.mark_ms):
+        per_family[span.family] += ms * 1e3
+        groups[span.family] += 1
     per_us = m.bandwidth / 1e6
     step_bytes = sum(fbytes.values())
     median = statistics.median(m.step_seconds)
@@ -66,7 +85,8 @@ def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Meas
         "launches_per_step": run.launches,
         "graph_edges": (None if m.graph_edges is None else
                         {"programmatic": m.graph_edges[0], "total": m.graph_edges[1]}),
-        "profiled_step_ms": float(sum(m.group_ms)),
+        "profiled_step_ms": float(sum(m.mark_ms)),
+        "profile_marks": "launch" if run.marks else "group",
         "families": {f: {"us": per_family[f], "groups": groups[f], "bytes": fbytes.get(f, 0.0),
                          "floor_us": fbytes.get(f, 0.0) / per_us,
                          "fraction": (fbytes.get(f, 0.0) / per_us) / per_family[f] if per_family[f] else None}
@@ -74,22 +94,22 @@ def bench_report(run: RunManifest, plan: dict, fbytes: dict[str, float], m: Meas
     }
 
 
-def chrome_trace(plan: dict, m: Measurement, title: str) -> dict:
+def chrome_trace(run: RunManifest, plan: dict, m: Measurement, title: str) -> dict:
     """The profiled step in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
-    process, one thread (track) per stream, one complete event per group, microseconds."""
+    process, one thread (track) per stream, one complete event per profile mark (launch), microseconds."""
     groups = {g["id"]: g for g in plan["groups"]}
+    spans = profile_spans(run, plan)
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
                            "args": {"name": f"{title} (serialized profile)"}}]
-    streams = sorted({s["stream"] for s in plan["schedule"]})
+    streams = sorted({s.stream for s in spans})
     events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": st, "args": {"name": f"stream {st}"}}
                for st in streams]
     t = 0.0
-    for s, ms in zip(_launch_order(plan), m.group_ms):
-        g = groups[s["group"]]
-        events.append({"ph": "X", "name": g["family"], "cat": g.get("rule", ""), "pid": 1, "tid": s["stream"],
+    for span, ms in zip(spans, m.mark_ms):
+        g = groups[span.group]
+        events.append({"ph": "X", "name": span.family, "cat": g.get("rule", ""), "pid": 1, "tid": span.stream,
                        "ts": round(t, 3), "dur": round(ms * 1e3, 3),
-                       "args": {"group": g["id"], "rule": g.get("rule"), "position": s["position"],
-                                "waits": list(s.get("waits") or ()), "record": s.get("record")}})
+                       "args": {"group": g["id"], "rule": g.get("rule"), "group_family": g["family"]}})
         t += ms * 1e3
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"context": m.context, "device": m.device, "serialized": True}}

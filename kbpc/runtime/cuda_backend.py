@@ -31,7 +31,7 @@ _STORAGE = {"f32": 0, "bf16": 1, "e4m3": 2, "e2m1x2": 2}
 class KbpStepInfo(ctypes.Structure):
     _fields_ = [("abi_version", ctypes.c_int), ("weights", ctypes.c_int), ("state", ctypes.c_int),
                 ("arena_bytes", ctypes.c_ulonglong), ("streams", ctypes.c_int), ("events", ctypes.c_int),
-                ("launches", ctypes.c_int), ("groups", ctypes.c_int), ("vocab", ctypes.c_int), ("logits_bytes", ctypes.c_ulonglong),
+                ("launches", ctypes.c_int), ("marks", ctypes.c_int), ("vocab", ctypes.c_int), ("logits_bytes", ctypes.c_ulonglong),
                 ("plan_digest", ctypes.c_char_p), ("blueprint_id", ctypes.c_char_p), ("target", ctypes.c_char_p),
                 ("comm_bytes", ctypes.c_ulonglong), ("tp_rank", ctypes.c_int), ("tp_ranks", ctypes.c_int)]
 
@@ -204,8 +204,9 @@ class CudaBackend:
         return self.logits(), nxt
 
     def profile_step(self, token: int) -> np.ndarray:
-        """Milliseconds per group (launch order) of one serialized, eager step."""
-        out = (ctypes.c_float * self.info.groups)()
+        """Milliseconds per profile mark of one serialized, eager step: per launch in issue order
+        (ABI 4 libraries), per plan group in launch order (earlier ones)."""
+        out = (ctypes.c_float * self.info.marks)()
         if self.lib.kbp_profile_step(self.handle, int(token), self.position, out):
             raise DeviceError(f"profiling failed: {self.lib.kbp_last_error().decode()}")
         self.position += 1

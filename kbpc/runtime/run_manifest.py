@@ -21,6 +21,16 @@ class TensorRecord:
 
 
 @dataclass(frozen=True)
+class ProfileMark:
+    """A mark of the serialized profile (kbp_profile_step): the launch it follows, as the compiler
+    recorded it in the manifest's step.marks (kbpc.codegen.records.profile_marks)."""
+    group: int
+    family: str
+    stream: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RunManifest:
     kind: str                          # "lite" or "full" (weights embedded under weights/)
     blueprint_id: str
@@ -36,6 +46,7 @@ class RunManifest:
     launches: int
     groups: int
     act_quant: bool = True             # False: built without activation quantization (a debugging aid)
+    marks: tuple[ProfileMark, ...] | None = None   # one per launch; None: a bundle whose profile marks groups
 
     @classmethod
     def from_json(cls, m: dict[str, Any]) -> "RunManifest":
@@ -59,6 +70,8 @@ class RunManifest:
                                    _typed(c["sha256"], str, "checkpoint.sha256")) for c in m["checkpoint"]),
                 launches=_count(step["launches"], "step.launches"),
                 groups=_count(step["groups"], "step.groups"),
+                marks=None if step.get("marks") is None else tuple(
+                    _mark(d, f"step.marks[{i}]") for i, d in enumerate(_typed(step["marks"], list, "step.marks"))),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise BundleError(f"manifest.json lacks a field the runner needs or holds it in another form "
@@ -99,3 +112,9 @@ def _tensor(doc: dict, where: str) -> TensorRecord:
     shape = tuple(_count(d, f"{where}.shape") for d in doc["shape"])
     return TensorRecord(_typed(doc["name"], str, f"{where}.name"), _typed(doc["storage"], str, f"{where}.storage"),
                         shape, _count(doc["bytes"], f"{where}.bytes"))
+
+
+def _mark(doc: dict, where: str) -> ProfileMark:
+    nodes = tuple(_typed(n, str, f"{where}.nodes") for n in _typed(doc["nodes"], list, f"{where}.nodes"))
+    return ProfileMark(_count(doc["group"], f"{where}.group"), _typed(doc["family"], str, f"{where}.family"),
+                       _count(doc["stream"], f"{where}.stream"), nodes)

@@ -37,11 +37,16 @@ def _state_bytes(bp: Blueprint, node, context: int, index_cache: str = "f32") ->
     return total
 
 
-def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
-    """group id -> bytes per step, from a plan's JSON (`plan.json` of a bundle)."""
+def _node_weights(bp: Blueprint) -> dict[str, float]:
     weights: dict[str, float] = defaultdict(float)
     for spec in weight_specs(bp):
         weights[spec.node] += spec.bytes_per_token
+    return weights
+
+
+def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
+    """group id -> bytes per step, from a plan's JSON (`plan.json` of a bundle)."""
+    weights = _node_weights(bp)
     buffers = {b["name"]: b["nbytes"] for b in plan["buffers"]}
     index_cache = plan.get("options", {}).get("index_cache", "f32")
     out: dict[int, float] = defaultdict(float)
@@ -63,9 +68,44 @@ def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
     return dict(out)
 
 
-def family_bytes(bp: Blueprint, plan: dict, context: int) -> dict[str, float]:
+def mark_bytes(bp: Blueprint, plan: dict, context: int, marks) -> list[float]:
+    """Bytes per step of each profile mark (one per launch: RunManifest.marks), adding up to the
+    groups' bytes: a launch owns the weights and sequence state of the nodes it computes; the rest
+    of its group's bytes (the activation buffers, counted once per group) go to the group's first
+    launch of the group's own family (else its first launch)."""
     per_group = group_bytes(bp, plan, context)
+    weights = _node_weights(bp)
+    index_cache = plan.get("options", {}).get("index_cache", "f32")
+    family_of = {g["id"]: g["family"] for g in plan["groups"]}
+    out = [0.0] * len(marks)
+    owned: dict[int, float] = defaultdict(float)
+    home: dict[int, int] = {}   # group -> the mark that takes the group's activation bytes
+    for i, m in enumerate(marks):
+        for node_id in m.nodes:
+            node = bp.node_by_id.get(node_id)
+            if node is not None:
+                out[i] += weights[node_id] + _state_bytes(bp, node, context, index_cache)
+        owned[m.group] += out[i]
+        own_family = m.family == family_of.get(m.group)
+        if m.group not in home or (own_family and marks[home[m.group]].family != m.family):
+            home[m.group] = i
+    for gid, i in home.items():
+        out[i] += per_group.get(gid, 0.0) - owned[gid]
+    return out
+
+
+def family_bytes(bp: Blueprint, plan: dict, context: int, marks=None) -> dict[str, float]:
+    """Bytes per step by kernel family: by each launch's family where the bundle's profile marks
+    launches (`marks`, RunManifest.marks), else by plan group family; a group with no launch (the
+    host's argmax) counts under its own family either way."""
     out: dict[str, float] = defaultdict(float)
-    for g in plan["groups"]:
-        out[g["family"]] += per_group.get(g["id"], 0.0)
+    per_group = group_bytes(bp, plan, context)
+    launched = set()
+    if marks:
+        for m, b in zip(marks, mark_bytes(bp, plan, context, marks)):
+            out[m.family] += b
+        launched = {m.group for m in marks}
+    for g in plan["groups"]:   # every group without a launch of its own (the host's argmax)
+        if g["id"] not in launched:
+            out[g["family"]] += per_group.get(g["id"], 0.0)
     return dict(out)

@@ -42,5 +42,9 @@ def test_bench_writes_report_trace_and_plot(tmp_path, tiny_path):
     edges = report["graph_edges"]
     assert 0 < edges["programmatic"] <= edges["total"]
     events = json.loads(trace.read_text())["traceEvents"]
-    assert any(e["ph"] == "X" for e in events) and any(e["name"] == "thread_name" for e in events)
+    assert any(e["name"] == "thread_name" for e in events)
+    # one profile mark per launch: the trace has a span per launch, the families count launches
+    assert report["profile_marks"] == "launch"
+    assert len([e for e in events if e["ph"] == "X"]) == report["launches_per_step"]
+    assert sum(f["groups"] for f in report["families"].values()) == report["launches_per_step"]
     assert plot.read_bytes()[:4] == b"\x89PNG"

@@ -162,7 +162,6 @@ def test_issue_aside_moves_a_launch_off_its_stream_and_orders_its_readers():
     assert step.streams == 3 and step.events == 4
     main, aside, b, c = step.groups
     assert main.launches == (launch(0),) and main.record == 2
-    assert not main.mark and aside.mark and b.mark and c.mark   # one profile mark per plan group
     assert (aside.group, aside.rule, aside.stream, aside.waits, aside.record) == (0, "aside:r0", 2, (2,), 3)
     assert aside.launches == (launch(0, aside=("c",)),)
     assert b == g1 and c.waits == (1, 3)
@@ -184,17 +183,26 @@ def test_tiny_step_issues_the_gates_aside(tiny_steps):
         assert readers and all(g.record in r.waits for r in readers)
 
 
-def test_profile_marks_follow_the_plan_groups(tiny_path):
-    """kbp_profile_step records one mark per plan group, in the plan's launch order, whatever the
-    launch passes split off (the bench report maps the marks onto plan.schedule): the rendered step
-    declares as many groups as the plan schedules and records marks 0 .. n-1 once each."""
+def test_profile_marks_one_per_launch(tiny_path):
+    """kbp_profile_step records one mark after every launch, in issue order, aside parts included;
+    profile_marks (what the manifest's step.marks lists for the bench report) names each with its
+    plan group, its kernel's family, its stream and nodes: the rendered step declares that many
+    marks and records marks 0 .. n-1 once each, each right after its launch."""
     import re
+
+    from kbpc.codegen.records import profile_marks
 
     plan = run_pipeline(load_blueprint(Path(tiny_path)), Options())
     step = build_step(plan, "x")
-    assert len(step.groups) > len(plan.schedule)   # the aside parts
-    marked = [g.group for g in step.groups if g.mark]
-    assert marked == [s.group for s in sorted(plan.schedule, key=lambda s: s.position)]
+    launches = [(g, l) for g in step.groups for l in g.launches]
+    marks = profile_marks(step.groups)
+    assert len(marks) == len(launches) > len(plan.schedule)
+    assert [(m.group, m.family, m.stream, m.nodes) for m in marks] == [
+        (g.group, l.instance.family, g.stream, l.nodes) for g, l in launches]
+    assert {m.group for m in marks} == {s.group for s in plan.schedule}
+    assert any(m.family != g.family for m, (g, _) in zip(marks, launches))   # fused groups hold other families
     text = generate(plan, "x").files["src/step.cu"]
-    assert f"/*groups*/ {len(plan.schedule)}," in text
-    assert [int(m) for m in re.findall(r"marks\[(\d+)\]", text)] == list(range(len(plan.schedule)))
+    assert f"/*marks*/ {len(marks)}," in text
+    assert [int(m) for m in re.findall(r"marks\[(\d+)\]", text)] == list(range(len(marks)))
+    calls = text.split("KBP_CHECK(kbp_launch_")[1:]
+    assert len(calls) == len(marks) and all("if (marks)" in c.split(";")[1] for c in calls)

@@ -53,3 +53,11 @@ def test_runner_reads_a_typed_manifest():
             RunManifest.from_json(broken)
     with pytest.raises(BundleError, match="rank 1"):
         run.library(1)
+    assert run.marks is None   # a bundle from before ABI 4: the profile marks plan groups
+    mark = {"group": 1, "family": "w4a4_mx_static", "stream": 0, "nodes": ["l1.moe.experts_gate_up"]}
+    marked = RunManifest.from_json({**good, "step": {**good["step"], "marks": [mark]}})
+    assert marked.marks[0].family == "w4a4_mx_static" and marked.marks[0].nodes == ("l1.moe.experts_gate_up",)
+    for bad in ("marks", [{**mark, "group": -1}], [{**mark, "nodes": "n"}], [{**mark, "nodes": [3]}],
+                [{**mark, "family": None}], [{k: v for k, v in mark.items() if k != "stream"}], [7]):
+        with pytest.raises(BundleError):
+            RunManifest.from_json({**good, "step": {**good["step"], "marks": bad}})
