@@ -433,8 +433,9 @@ def bench(bundle: Path, context: int, runs: int, weights_source: str, as_json: b
                   "programmatic" if r.get("graph_edges") else ""))
     click.echo(f"device: {r['device']}; copy bandwidth {r['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s "
                f"({r['bandwidth']['source']})")
-    table = Table(title=f"profiled step (serialized): {r['profiled_step_ms']:.3f} ms")
-    for col in ("family", "groups", "us", "floor us", "% of floor"):
+    per = "launches" if r.get("profile_marks") == "launch" else "groups"   # what each profile mark timed
+    table = Table(title=f"profiled step (serialized, a mark per {per[:-1]}): {r['profiled_step_ms']:.3f} ms")
+    for col in ("family", per, "us", "floor us", "% of floor"):
         table.add_column(col, justify="left" if col == "family" else "right")
     for name, f in r["families"].items():
         frac = f"{100 * f['fraction']:.1f}" if f["fraction"] else "-"

@@ -107,8 +107,11 @@ def step_line(step: Any) -> str:
     if critical is not None:
         parts.append(f"modelled critical path {critical:,.1f} us" + (f" (serial {serial:,.1f} us)" if serial is not None
                                                                      else ""))
+    marks = step.get("marks")
+    if isinstance(marks, list):
+        parts.append(f"{len(marks):,} profile marks")
     known = {"launches", "groups", "streams", "events", "priority_launches", "kernel_instances", "arena_bytes",
-             "critical_path_us", "serial_us", "fusion", "vocab"}
+             "critical_path_us", "serial_us", "fusion", "vocab", "marks"}
     rest = {k: v for k, v in step.items() if k not in known}
     if rest:
         parts.append(_text(rest))
