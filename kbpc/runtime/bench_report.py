@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kbpc.errors import KbpcError
-from kbpc.runtime.run_manifest import RunManifest
+from kbpc.runtime.run_manifest import ProfileMark, RunManifest
 from kbpc.util.atomic import atomic_writer
 
 SCHEMA = "kbpc-bench/v1"
@@ -35,21 +35,13 @@ class Measurement:
     timed_step: str = ""             # what one timed step includes (bench.timed_step_covers)
 
 
-@dataclass(frozen=True)
-class Span:
-    """What one profile mark timed: its plan group, family and stream."""
-    group: int
-    family: str
-    stream: int
-
-
-def profile_spans(run: RunManifest, plan: dict) -> list[Span]:
+def profile_spans(run: RunManifest, plan: dict) -> list[ProfileMark]:
     """The profile's marks in order: the bundle's launches (manifest step.marks), or, for a bundle
-    without them, its plan groups in launch order."""
+    without them, its plan groups in launch order (marks of the group's family, no nodes)."""
     if run.marks:
-        return [Span(m.group, m.family, m.stream) for m in run.marks]
+        return list(run.marks)
     family_of = {g["id"]: g["family"] for g in plan["groups"]}
-    return [Span(s["group"], family_of[s["group"]], s["stream"])
+    return [ProfileMark(s["group"], family_of[s["group"]], s["stream"], ())
             for s in sorted(plan["schedule"], key=lambda s: s["position"])]
 
 

@@ -68,12 +68,14 @@ def group_bytes(bp: Blueprint, plan: dict, context: int) -> dict[int, float]:
     return dict(out)
 
 
-def mark_bytes(bp: Blueprint, plan: dict, context: int, marks) -> list[float]:
+def mark_bytes(bp: Blueprint, plan: dict, context: int, marks,
+               per_group: dict[int, float] | None = None) -> list[float]:
     """Bytes per step of each profile mark (one per launch: RunManifest.marks), adding up to the
-    groups' bytes: a launch owns the weights and sequence state of the nodes it computes; the rest
-    of its group's bytes (the activation buffers, counted once per group) go to the group's first
-    launch of the group's own family (else its first launch)."""
-    per_group = group_bytes(bp, plan, context)
+    groups' bytes (`per_group`: group_bytes', computed here if not given): a launch owns the weights
+    and sequence state of the nodes it computes; the rest of its group's bytes (the activation
+    buffers, counted once per group) go to the group's first launch of the group's own family (else
+    its first launch)."""
+    per_group = group_bytes(bp, plan, context) if per_group is None else per_group
     weights = _node_weights(bp)
     index_cache = plan.get("options", {}).get("index_cache", "f32")
     family_of = {g["id"]: g["family"] for g in plan["groups"]}
@@ -102,7 +104,7 @@ def family_bytes(bp: Blueprint, plan: dict, context: int, marks=None) -> dict[st
     per_group = group_bytes(bp, plan, context)
     launched = set()
     if marks:
-        for m, b in zip(marks, mark_bytes(bp, plan, context, marks)):
+        for m, b in zip(marks, mark_bytes(bp, plan, context, marks, per_group)):
             out[m.family] += b
         launched = {m.group for m in marks}
     for g in plan["groups"]:   # every group without a launch of its own (the host's argmax)

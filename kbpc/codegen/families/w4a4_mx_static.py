@@ -18,8 +18,8 @@ them beside its GEMV and routed_slots serves the merged group's slot GEMV. w4a4_
 reads the rows (after rule moe_swiglu_down's quantizer, which releases its dependents only once
 its own dependency wait has returned, in the form w4a4_gemv_moe_slots_after_quant that reads its
 expert ids and puts its weights in flight before its wait: measured on an H200, 128-expert seed
-shrink, kbpc bench 4.942 / 4.940 -> 4.922 / 4.920 ms at 1k, 5.123 -> 5.097 at 16k): one or two 16-row tiles per CTA (slot_tiles), many small CTAs, which leaves room on
-every SM for the shared expert running beside it on another stream. With rule moe_gate_up_swiglu
+shrink, kbpc bench 4.942 / 4.940 -> 4.922 / 4.920 ms at 1k, 5.123 -> 5.097 at 16k): one or two
+16-row tiles per CTA (slot_tiles), many small CTAs, which leaves room on every SM for the shared expert running beside it on another stream. With rule moe_gate_up_swiglu
 (opt-in) the gate/up launch also writes the down input (w4a4_gemv_moe_gate_up_swiglu: each slot's
 last CTA runs the SwiGLU + quantizer on the slot's [gate | up] row read back from L2), so a MoE
 layer's routed path is three launches (input quantizer, gate/up, down) instead of five.
@@ -86,11 +86,15 @@ def _quant_rows(ctx: LowerCtx, group: LoweredGroup, node: Node, out: Quant | Non
                   group=group.id, nodes=(node.id,))
 
 
+def _slots_args(fast: bool, tiles: int) -> str:
+    """The slot GEMVs' template arguments after K: FAST and TILES, defaults left out."""
+    return f", {'true' if fast else 'false'}, {tiles}" if tiles != 1 else (", true" if fast else "")
+
+
 def slots_instance(k: int, fast: bool = False, tiles: int = 1) -> KernelInstance:
     """The routed slot GEMV over quantized rows (w4a4_gemv_moe_slots; `fast`: its FP32 accumulation;
     `tiles` 16-row tiles a CTA, slot_tiles)."""
-    tail = f", {'true' if fast else 'false'}, {tiles}" if tiles != 1 else (", true" if fast else "")
-    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}{tail}>",
+    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots<{k}{_slots_args(fast, tiles)}>",
                           ("const int*", "int", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
 
 
@@ -215,8 +219,8 @@ def slots_after_quant_instance(k: int, fast: bool = False, tiles: int = 1) -> Ke
     """The down projection's slot GEMV right after w4a4_quant_swiglu_rows_static (which triggers
     its dependents only after its own wait): w4a4_gemv_moe_slots_after_quant reads its expert id
     and loads its weights before its wait."""
-    tail = f", {'true' if fast else 'false'}, {tiles}" if tiles != 1 else (", true" if fast else "")
-    return KernelInstance("w4a4_mx_static", HEADER, f"kbp::w4a4_gemv_moe_slots_after_quant<{k}{tail}>",
+    return KernelInstance("w4a4_mx_static", HEADER,
+                          f"kbp::w4a4_gemv_moe_slots_after_quant<{k}{_slots_args(fast, tiles)}>",
                           ("const int*", "const uint8_t*", "const uint8_t*", "const float*", *W_PARAMS))
 
 
@@ -232,15 +236,15 @@ def _slots(ctx: LowerCtx, group: LoweredGroup, node: Node, ids: Tensor, rows: Qu
     require(ctx.rows(y) == slots, f"output {y.id} has {ctx.rows(y)} rows for {slots} slots", node)
     weights = expert_weights(ctx, node)
     tiles = slot_tiles(k, n)
-    if after_quant:
+    rest = (rows.codes, rows.scales, rows.globals, *weights, ctx.buf(y), lit(n))
+    if after_quant:   # one row per slot: the kernel takes no act_div
         require(div == 1, f"the down projection reads one row per slot ({slots} slots)", node)
-        return Launch(slots_after_quant_instance(k, fast_form(ctx), tiles), grid=(n // (16 * tiles), slots, 1),
-                      block=BLOCK, smem=0,
-                      args=(ids_ptr(ctx, ids), rows.codes, rows.scales, rows.globals, *weights, ctx.buf(y), lit(n)),
-                      group=group.id, nodes=nodes, note="expert ids and weights before the wait (after the quantizer's)")
-    args = (ids_ptr(ctx, ids), lit(div), rows.codes, rows.scales, rows.globals, *weights, ctx.buf(y), lit(n))
-    return Launch(slots_instance(k, fast_form(ctx), tiles), grid=(n // (16 * tiles), slots, 1), block=BLOCK, smem=0,
-                  args=args, group=group.id, nodes=nodes)
+        inst, args = slots_after_quant_instance(k, fast_form(ctx), tiles), (ids_ptr(ctx, ids), *rest)
+        note = "expert ids and weights before the wait (after the quantizer's)"
+    else:
+        inst, args, note = slots_instance(k, fast_form(ctx), tiles), (ids_ptr(ctx, ids), lit(div), *rest), ""
+    return Launch(inst, grid=(n // (16 * tiles), slots, 1), block=BLOCK, smem=0, args=args, group=group.id,
+                  nodes=nodes, note=note)
 
 
 def gate_up_swiglu_instance(k: int, i: int) -> KernelInstance:
