@@ -13,7 +13,8 @@ the state does not depend on which fusions ran; its expert ids too, for a merge 
 inside one group). A routed expert's NVFP4 input quantizer keeps the
 quantized rows it hands to the expert GEMV in its group (codes, scales, global scale: scratch of
 one step), and a routed gate/up GEMV its [gate | up] rows and per-slot arrival counters for the
-SwiGLU epilogue of rule moe_gate_up_swiglu, and a shared expert's down projection its FP32 input row
+SwiGLU epilogue of rule moe_gate_up_swiglu (and for rule moe_expert_flow the rows as flagged
+words, a ticket and per-slot counters), and a shared expert's down projection its FP32 input row
 for rule moe_experts. Caches are sized for the compile's max context; the indexer's pool keys are FP32 or, with the `fp8` index
 cache, Walsh-Hadamard rotated E4M3 codes with one FP32 power-of-two scale per pool. A build without
 activation quantization (Options.act_quant off) keeps the MLA latent rows in FP32 and has no
@@ -159,13 +160,17 @@ def _routed_quant(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, .
     return routed_quant_rows(node, x.rows_per_token * batch, x.dim_value)
 
 
-def routed_gate_up_state(node: Node, slots: int, width: int) -> tuple[StateBuffer, StateBuffer]:
+def routed_gate_up_state(node: Node, slots: int, width: int) -> tuple[StateBuffer, ...]:
     """The routed gate/up GEMV's scratch for the SwiGLU epilogue (rule moe_gate_up_swiglu,
     kernels/w4a4_mx_static.cuh w4a4_gemv_moe_gate_up_swiglu): the [gate | up] BF16 rows of every
     slot, written by every CTA and read back by each slot's last, and an arrival counter per slot
-    (zero between launches)."""
+    (zero between launches); and for rule moe_expert_flow (kernels/moe_experts.cuh) the same rows
+    as 32-bit words that are their own arrival flags, and its ticket and per-slot counters
+    (1 + 2 x slots; all zero between launches)."""
     return (StateBuffer(f"{node.id}.rows", slots * width * 2, (slots, width), "bf16"),
-            StateBuffer(f"{node.id}.arrive", slots * 4, (slots,), "i32"))
+            StateBuffer(f"{node.id}.arrive", slots * 4, (slots,), "i32"),
+            StateBuffer(f"{node.id}.words", slots * width * 4, (slots, width), "i32"),
+            StateBuffer(f"{node.id}.flow", (1 + 2 * slots) * 4, (1 + 2 * slots,), "i32"))
 
 
 def _routed_gate_up(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:

@@ -242,6 +242,40 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                                   "650): the router ends 1 us sooner without the second stream beside it, but the "
                                   "shared down's compute-bound tiles make the routed gate/up launch 5 us longer, "
                                   "where the second stream hid them beside the routed GEMVs"),
+    FusionRule("moe_expert_flow", "moe_experts",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down"),
+               "expert_gate_up",
+               "the routed gate/up tiles, the SwiGLU quantizer and the down's tiles run as units of one grid "
+               "after the fused router (kernels/moe_experts.cuh moe_expert_flow): each unit waits only for the "
+               "units it reads (flagged words, per-slot counters), so the down's weights stream while the "
+               "gate/up's last tiles run, and the quantizer's launch and two full dependencies go",
+               _moe_experts_fits, tensor_parallel=False, default=False,
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context, "
+                                  "interleaved with the default build, logits bit-equal: 5.07-5.08 ms a step "
+                                  "against 4.94-4.98): the flow ends 1.2 us sooner than the gate/up, quantizer "
+                                  "and down launches, but its grid keeps every SM busy until it ends, so the "
+                                  "shared expert's down beside it ends 13 us later and the combine waits for it; "
+                                  "with the flow at the normal priority and the shared expert at the highest, "
+                                  "the flow ends 6 us later instead (5.13-5.17 ms; bench/NOTES.md, "
+                                  "twenty-third session)"),
+    FusionRule("moe_gate_up_flow", "moe_experts",
+               ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
+                "expert_down"),
+               "expert_gate_up",
+               "the routed gate/up tiles and the SwiGLU quantizer run as units of one grid after the fused "
+               "router (kernels/moe_experts.cuh moe_gate_up_flow): each quantizer CTA waits only for its "
+               "slot's flagged [gate | up] words, so the down input is ready as the gate/up's last tiles end; "
+               "the quantizer's launch and one full dependency go",
+               _moe_experts_fits, tensor_parallel=False, default=False,
+               off_by_default_why="measured slower in the step on an H200 (128-expert seed shrink, 1k context, "
+                                  "interleaved with the default build, logits bit-equal: 4.99-5.04 ms a step "
+                                  "against 4.93): the down input is ready 1.9 us sooner, but the down's CTAs, "
+                                  "which started beside the quantizer's launch, now start as this grid's CTAs "
+                                  "exit and the down ends 0.5 us later; with the grid releasing its dependents "
+                                  "after its wait, the down ends 0.35 us sooner but starves the shared expert's "
+                                  "down beside it, which ends 14 us later (5.11 ms; bench/NOTES.md, "
+                                  "twenty-third session)"),
     FusionRule("moe_gate_up_pair", "moe_experts",
                ("router", "top_k", "act_quant", "expert_gate_up", "swiglu_clamp", "silu_mul", "act_quant",
                 "expert_down"),

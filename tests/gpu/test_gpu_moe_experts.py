@@ -7,7 +7,12 @@ and, where the reference is exact, against kbpc.reference:
 - moe_router_shared + moe_gate_up_shared_down (rule moe_experts): the router's outputs equal
   router_gemv_topk_quant's, the [gate | up] rows w4a4_gemv_moe_slots', the shared expert's output
   w4a16_shared_pair's (the shared pair's own silu uses expf: against the reference within its
-  tolerance, as tests/gpu/test_gpu_glue_projections.py checks the pair)."""
+  tolerance, as tests/gpu/test_gpu_glue_projections.py checks the pair);
+- moe_expert_flow (rule moe_expert_flow): the down input's NVFP4 rows and the down's output equal
+  the unfused chain's (w4a4_gemv_moe_slots, w4a4_quant_swiglu_rows_static, the down's slot GEMV;
+  exact: also the reference), an empty slot included, in both numerics forms, at grids of one
+  wave up to several waves of CTAs, three launches on the same sync state (which every launch
+  leaves zero); moe_gate_up_flow (rule moe_gate_up_flow): the down input's rows likewise."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,6 +36,8 @@ pytestmark = pytest.mark.gpu
 LIMIT = np.float32(7.0)
 
 PAIR_SIZES = [(4096, 2048, 10, 8), (2176, 48, 5, 4), (1024, 3584, 6, 6), (128, 16, 3, 2)]   # (k, i, experts, top_k)
+FLOW_SIZES = [(4096, 2048, 4096, 10, 8), (256, 128, 272, 6, 3), (1024, 384, 512, 6, 6),   # (k, i, n, E, top_k)
+              (512, 256, 4096, 40, 32)]
 LAYER_SIZES = [(4096, 2048, 2048, 4096, 10, 8), (256, 128, 48, 256, 128, 8),              # (k, i, ish, n, E, top_k)
                (512, 256, 64, 384, 8, 4)]
 
@@ -43,6 +50,11 @@ def instances():
         out += [w4a4_mx_static.slots_instance(k, fast) for k, *_ in PAIR_SIZES]
         out += [moe_experts.gate_up_shared_down_instance(k, ish, n, fast) for k, _, ish, n, *_ in LAYER_SIZES]
         out += [w4a4_mx_static.slots_instance(k, fast) for k, *_ in LAYER_SIZES]
+        out += [moe_experts.flow_instance(k, i, n, fast, w4a4_mx_static.slot_tiles(i, n)) for k, i, n, *_ in FLOW_SIZES]
+        out += [moe_experts.gate_up_flow_instance(k, i, fast) for k, i, *_ in FLOW_SIZES]
+        out += [w4a4_mx_static.slots_instance(k, fast) for k, *_ in FLOW_SIZES]
+        out += [w4a4_mx_static.slots_instance(i, fast, w4a4_mx_static.slot_tiles(i, n)) for _, i, n, *_ in FLOW_SIZES]
+    out += [w4a4_mx_static.quant_swiglu_instance(i) for _, i, *_ in FLOW_SIZES]
     out += [moe_experts.router_shared_instance(k, e, t, ish) for k, _, ish, _, e, t in LAYER_SIZES]
     out += [glm_router_topk.fused_quant_instance(k, e, t) for k, _, _, _, e, t in LAYER_SIZES]
     out += [w4a4_mx_static.quant_swiglu_instance(i) for _, i, *_ in PAIR_SIZES + LAYER_SIZES]
@@ -117,6 +129,60 @@ def test_gate_up_pair(k, i, experts, top_k, fast):
         launcher(moe_experts.pair_instance(k, i, fast))((i // 16, top_k, 1), moe_experts.PAIR_BLOCK, *r.args, LIMIT,
                                                         r.gamma, *got, pdl=True)
         _same_rows(got, want, f"pair k={k} i={i} fast={fast} run {run}")
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("k,i,n,experts,top_k", FLOW_SIZES)
+def test_expert_flow(k, i, n, experts, top_k, fast):
+    """moe_expert_flow against the unfused chain on the same inputs, three launches on one sync
+    state: the down input's rows and the down's output bit for bit, the words and counters back
+    to zero after each launch (exact: the down's output is also the reference's)."""
+    g = _gpu()
+    r = _Routed(g, k, i, experts, top_k, fast)
+    _, want_h = r.unfused()
+    dn = _experts(experts, n, i)
+    dn_dev = [g.to_gpu(a) for a in dn]
+    tiles = w4a4_mx_static.slot_tiles(i, n)
+    want_y = g.poisoned((top_k, n), np.uint16)
+    launcher(w4a4_mx_static.slots_instance(i, fast, tiles))((n // (16 * tiles), top_k, 1), BLOCK, r.args[0],
+                                                            np.int32(1), *want_h, *dn_dev, want_y, np.int32(n),
+                                                            pdl=True)
+    if not fast:
+        h = swiglu_clamp_rows(r.gu_ref, LIMIT)
+        assert_bf16_equal(g.fetch(want_y, "y"), ref_w4a4s.w4a4_static_moe_slots(h, r.gamma, *dn, r.ids),
+                          f"unfused down k={k} i={i} n={n}")
+    words = g.to_gpu(np.zeros((top_k, 2 * i), np.uint32))
+    sync = g.to_gpu(np.zeros(1 + 2 * top_k, np.uint32))
+    units = top_k * moe_experts.flow_units_per_slot(i, n, tiles)
+    for run in range(3):
+        got_h, got_y = r.outputs(), g.poisoned((top_k, n), np.uint16)
+        launcher(moe_experts.flow_instance(k, i, n, fast, tiles))((units, 1, 1), BLOCK, *r.args, LIMIT, r.gamma,
+                                                                  *got_h, *dn_dev, got_y, words, sync, pdl=True)
+        what = f"flow k={k} i={i} n={n} fast={fast} run {run}"
+        _same_rows(got_h, want_h, what)
+        assert np.array_equal(g.fetch(got_y, "y"), g.fetch(want_y, "y")), f"{what}: down output differs"
+        assert not words.get().any() and not sync.get().any(), f"{what}: the sync state is not left zero"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("k,i,n,experts,top_k", FLOW_SIZES)
+def test_gate_up_flow(k, i, n, experts, top_k, fast):
+    """moe_gate_up_flow against the unfused gate/up GEMV and SwiGLU quantizer on the same inputs,
+    three launches on one sync state: the down input's rows bit for bit, the words and the ticket
+    back to zero after each launch."""
+    g = _gpu()
+    r = _Routed(g, k, i, experts, top_k, fast)
+    _, want_h = r.unfused()
+    words = g.to_gpu(np.zeros((top_k, 2 * i), np.uint32))
+    sync = g.to_gpu(np.zeros(1 + 2 * top_k, np.uint32))
+    units = top_k * (2 * i // 16 + -(-i // 256))
+    for run in range(3):
+        got_h = r.outputs()
+        launcher(moe_experts.gate_up_flow_instance(k, i, fast))((units, 1, 1), BLOCK, *r.args, LIMIT, r.gamma,
+                                                                *got_h, words, sync, pdl=True)
+        what = f"gate/up flow k={k} i={i} fast={fast} run {run}"
+        _same_rows(got_h, want_h, what)
+        assert not words.get().any() and not sync.get().any(), f"{what}: the sync state is not left zero"
 
 
 @pytest.mark.parametrize("fast", [False, True])

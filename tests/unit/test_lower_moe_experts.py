@@ -1,4 +1,4 @@
-"""Rules moe_gate_up_pair and moe_experts on the tiny blueprint: which groups merge (before/after),
+"""Rules moe_gate_up_pair, moe_expert_flow, moe_gate_up_flow and moe_experts on the tiny blueprint: which groups merge (before/after),
 the launches kbpc/codegen/families/moe_experts.py makes of them and their arguments, and the
 refusals when the merged nodes do not fit the kernels."""
 from __future__ import annotations
@@ -69,6 +69,64 @@ def test_gate_up_pair(tiny_path, numerics, fast):
         assert down.args[1] == lit(1) and down.args[2:5] == rows
         assert set(route.nodes) | set(pair.nodes) | set(down.nodes) == set(g.nodes)
         assert unwritten(plan, g, [route, pair, down]) == []
+
+
+@pytest.mark.parametrize("numerics,fast", [("exact", "false"), ("fast", "true")])
+def test_expert_flow(tiny_path, numerics, fast):
+    """After moe_expert_flow: the same merged group as moe_gate_up_pair, lowered to the fused router
+    and one flow launch whose 1-D grid holds every slot's gate/up tiles, SwiGLU quantizer CTAs and
+    down tiles; it writes the down input's scratch rows and the down's output buffer, and takes the
+    gate/up node's words and sync state."""
+    plan, ctx = _plan(tiny_path, "moe_expert_flow", numerics=numerics)
+    bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
+    fused = [g for g in plan.groups if g.rule == "fused:moe_expert_flow"]
+    assert fused and all(g.family == "moe_experts" and _ops(plan, g) == sorted(ROUTED) for g in fused)
+    assert not any(g.rule in ("fused:router_expert_quant", "fused:moe_swiglu_down") for g in plan.groups)
+    for g in fused:
+        route, flow = moe_experts.lower(ctx, g)
+        nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
+        gate_up, act, down = nodes["expert_gate_up"], nodes["silu_mul"], nodes["expert_down"]
+        k, i, n = ctx.input(gate_up).dim_value, ctx.output(act).dim_value, ctx.output(down).dim_value
+        dq = bp.node(ctx.output(act).dst)
+        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
+                ctx.state(f"{dq.id}.g", "float"))
+        tiles = 2 if n % 32 == 0 else 1
+        assert flow.instance.kernel == f"kbp::moe_expert_flow<{k}, {i}, {n}, {fast}, {tiles}>"
+        units = 2 * i // 16 + -(-i // 256) + n // (16 * tiles)
+        assert flow.grid == (top_k * units, 1, 1) and flow.block == (256, 1, 1)
+        assert flow.args[1] == lit(top_k) and flow.args[2:5] == route.args[-3:]   # the router's quantized row
+        assert flow.args[10:13] == rows
+        assert flow.args[16] == ctx.buf(ctx.output(down))
+        assert flow.args[17:] == (ctx.state(f"{gate_up.id}.words", "unsigned int"),
+                                  ctx.state(f"{gate_up.id}.flow", "unsigned int"))
+        assert set(route.nodes) | set(flow.nodes) == set(g.nodes)
+        assert unwritten(plan, g, [route, flow]) == []
+
+
+def test_gate_up_flow(tiny_path):
+    """After moe_gate_up_flow: the same merged group, lowered to the fused router, one grid of the
+    gate/up tiles and SwiGLU quantizer CTAs writing the down input's scratch rows (the gate/up node's
+    words and ticket state), then the down's slot GEMV in its after-quantizer form."""
+    plan, ctx = _plan(tiny_path, "moe_gate_up_flow")
+    bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
+    fused = [g for g in plan.groups if g.rule == "fused:moe_gate_up_flow"]
+    assert fused and all(_ops(plan, g) == sorted(ROUTED) for g in fused)
+    for g in fused:
+        route, flow, down = moe_experts.lower(ctx, g)
+        nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
+        gate_up, act = nodes["expert_gate_up"], nodes["silu_mul"]
+        k, i = ctx.input(gate_up).dim_value, ctx.output(act).dim_value
+        dq = bp.node(ctx.output(act).dst)
+        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
+                ctx.state(f"{dq.id}.g", "float"))
+        assert flow.instance.kernel == f"kbp::moe_gate_up_flow<{k}, {i}, true>"
+        assert flow.grid == (top_k * (2 * i // 16 + -(-i // 256)), 1, 1)
+        assert flow.args[2:5] == route.args[-3:] and flow.args[10:13] == rows
+        assert flow.args[13:] == (ctx.state(f"{gate_up.id}.words", "unsigned int"),
+                                  ctx.state(f"{gate_up.id}.flow", "unsigned int"))
+        assert down.instance.kernel.startswith("kbp::w4a4_gemv_moe_slots_after_quant<")
+        assert down.args[1:4] == rows
+        assert unwritten(plan, g, [route, flow, down]) == []
 
 
 def test_moe_experts(tiny_path):

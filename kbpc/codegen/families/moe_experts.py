@@ -1,5 +1,15 @@
 """moe_experts: a MoE layer's expert GEMVs after the fused router, each launch's tiles ending in the
-next GEMV's input (kernels/moe_experts.cuh; fusion rules moe_gate_up_pair and moe_experts).
+next GEMV's input (kernels/moe_experts.cuh; fusion rules moe_expert_flow, moe_gate_up_flow,
+moe_gate_up_pair and moe_experts).
+
+- fused:moe_expert_flow (the nodes of moe_gate_up_pair): router_gemv_topk_quant, then
+  moe_expert_flow, one grid whose CTAs take units by ticket: the routed gate/up's tiles (writing
+  their BF16 values as flagged words), the SwiGLU quantizer's CTAs (each waiting for its words)
+  and the down's tiles (their weights in flight first, then waiting for their slot's quantizer
+  CTAs): the down streams while the gate/up's last tiles run, and the quantizer's launch and both
+  full dependencies go. fused:moe_gate_up_flow: the same grid without the down's units
+  (moe_gate_up_flow), then the down's slot GEMV in its after-quantizer form. Both opt-in (measured
+  slower: the shared expert's down beside them gets its SMs only in the gaps between launches).
 
 - fused:moe_gate_up_pair (router, top_k, the experts' input act_quant, expert_gate_up, the routed
   swiglu_clamp, silu_mul, the down input's act_quant and expert_down): router_gemv_topk_quant
@@ -57,6 +67,29 @@ def _fast(fast: bool) -> str:
 
 def pair_instance(k: int, i: int, fast: bool = False) -> KernelInstance:
     return KernelInstance("moe_experts", HEADER, f"kbp::moe_gate_up_pair<{k}, {i}{_fast(fast)}>", PAIR_PARAMS)
+
+
+FLOW_PARAMS = ("const int*", *ROUTED, "float", "float", "uint8_t*", "uint8_t*", "float*", "const uint8_t*",
+               "const uint8_t*", "const float*", f"{BF16}*", "unsigned int*", "unsigned int*")
+
+
+def flow_instance(k: int, i: int, n: int, fast: bool, down_tiles: int) -> KernelInstance:
+    """moe_expert_flow: the routed gate/up, SwiGLU quantizer and down as units of one grid."""
+    return KernelInstance("moe_experts", HEADER,
+                          f"kbp::moe_expert_flow<{k}, {i}, {n}, {'true' if fast else 'false'}, {down_tiles}>",
+                          FLOW_PARAMS)
+
+
+def gate_up_flow_instance(k: int, i: int, fast: bool) -> KernelInstance:
+    """moe_gate_up_flow: the routed gate/up and the SwiGLU quantizer as units of one grid."""
+    return KernelInstance("moe_experts", HEADER, f"kbp::moe_gate_up_flow<{k}, {i}{_fast(fast)}>",
+                          (*PAIR_PARAMS, "unsigned int*", "unsigned int*"))
+
+
+def flow_units_per_slot(i: int, n: int, down_tiles: int) -> int:
+    """A slot's units in moe_expert_flow's grid: its gate/up tiles, SwiGLU quantizer CTAs (256 values
+    each) and down CTAs (16 x down_tiles rows each)."""
+    return 2 * i // 16 + -(-i // 256) + n // (16 * down_tiles)
 
 
 def router_opc(experts: int) -> int:
@@ -166,12 +199,43 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
                  *w4a4_mx_static.expert_weights(ctx, gate_up), flt(ctx.c.swiglu_limit),
                  w4a4_mx_static.gamma(ctx, r.quant), h.codes, h.scales, h.globals)
     require(ctx.input(down).id == r.h.id, f"{down.id} does not read the SwiGLU quantizer's NVFP4 rows", down)
+    if group.rule == "fused:moe_gate_up_flow":
+        require(shared is None, "moe_gate_up_flow takes the routed experts only", group)
+        gq = Launch(gate_up_flow_instance(r.k, r.i, fast), grid=(r.slots * (2 * r.i // 16 + -(-r.i // 256)), 1, 1),
+                    block=SLOT_BLOCK, smem=0,
+                    args=(*pair_args, ctx.state(f"{r.gate_up.id}.words", "unsigned int"),
+                          ctx.state(f"{r.gate_up.id}.flow", "unsigned int")),
+                    group=group.id, nodes=(r.gate_up.id, *r.chain),
+                    note="gate/up tiles and SwiGLU quantizer units of one grid")
+        return [route, gq, w4a4_mx_static.routed_slots(ctx, group, down, h, r.slots, after_quant=True)]
+    if group.rule == "fused:moe_expert_flow":
+        require(shared is None, "moe_expert_flow takes the routed experts only", group)
+        return [route, _flow(ctx, group, r, down, h, pair_args, fast)]
     if shared is None:
         return [route, Launch(pair_instance(r.k, r.i, fast), grid=(r.i // 16, r.slots, 1), block=PAIR_BLOCK,
                               smem=0, args=pair_args, group=group.id, nodes=(r.gate_up.id, *r.chain),
                               note="16 gate + 16 up rows a CTA, their SwiGLU as one NVFP4 group of the down input"),
                 w4a4_mx_static.routed_slots(ctx, group, down, h, r.slots)]
     return _with_shared(ctx, group, route, r, shared, down, h, ids_arg, rows, fast)
+
+
+def _flow(ctx: LowerCtx, group: LoweredGroup, r: _Routed, down: Node, h: Quant, pair_args: tuple,
+          fast: bool) -> Launch:
+    """moe_expert_flow: the gate/up tiles, the SwiGLU quantizer's CTAs and the down's tiles of every
+    slot in one grid, each unit waiting for the units it reads (kernels/moe_experts.cuh)."""
+    y = ctx.output(down)
+    n = y.dim_value
+    require(r.i % 128 == 0 and r.i <= MAX_K and n % 16 == 0,
+            f"the flow's down tiles need I % 128 == 0, I <= {MAX_K} and N % 16 == 0 (I {r.i}, N {n})", down)
+    require(ctx.rows(y) == r.slots, f"output {y.id} has {ctx.rows(y)} rows for {r.slots} slots", down)
+    tiles = w4a4_mx_static.slot_tiles(r.i, n)
+    units = r.slots * flow_units_per_slot(r.i, n, tiles)
+    return Launch(flow_instance(r.k, r.i, n, fast, tiles), grid=(units, 1, 1), block=SLOT_BLOCK, smem=0,
+                  args=(*pair_args, *w4a4_mx_static.expert_weights(ctx, down), ctx.buf(y),
+                        ctx.state(f"{r.gate_up.id}.words", "unsigned int"), ctx.state(f"{r.gate_up.id}.flow", "unsigned int")),
+                  group=group.id, nodes=(r.gate_up.id, *r.chain, down.id),
+                  note="gate/up tiles, SwiGLU quantizer and down tiles as units of one grid, each waiting for what "
+                       "it reads")
 
 
 def _with_shared(ctx: LowerCtx, group: LoweredGroup, route: Launch, r: _Routed, shared: _Shared, down: Node,

@@ -161,11 +161,14 @@ def fused_input(ctx: LowerCtx, group: LoweredGroup, node: Node) -> tuple[Node, T
     return quant, x, scratch(ctx, quant)
 
 
-def routed_slots(ctx: LowerCtx, group: LoweredGroup, node: Node, rows: Quant, act_rows: int) -> Launch:
-    """The expert node's slot GEMV (w4a4_gemv_moe_slots) over `act_rows` quantized rows."""
+def routed_slots(ctx: LowerCtx, group: LoweredGroup, node: Node, rows: Quant, act_rows: int,
+                 after_quant: bool = False) -> Launch:
+    """The expert node's slot GEMV (w4a4_gemv_moe_slots) over `act_rows` quantized rows;
+    `after_quant`: right after a launch whose CTAs release their dependents only after their own
+    wait (see _slots)."""
     ids = expert_ids(ctx, node)
     _, div = _slot_shape(ctx, node, ids, act_rows)
-    return _slots(ctx, group, node, ids, rows, div, (node.id,))
+    return _slots(ctx, group, node, ids, rows, div, (node.id,), after_quant=after_quant)
 
 
 def _expert(ctx: LowerCtx, group: LoweredGroup, node: Node) -> list[Launch]:
