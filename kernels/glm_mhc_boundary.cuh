@@ -114,9 +114,7 @@ __device__ __forceinline__ unsigned int slot_encode(float v) {
     return (isnan(v) ? 0x7fffffffu : __float_as_uint(v)) + 1u;
 }
 __device__ __forceinline__ float slot_decode(unsigned int s) { return __uint_as_float(s - 1u); }
-__device__ __forceinline__ void slot_store(unsigned int* p, unsigned int v) {
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+__device__ __forceinline__ void slot_store(unsigned int* p, unsigned int v) { st_relaxed_gpu(p, v); }
 __device__ __forceinline__ uint4 slots_load4(const unsigned int* p) {
     uint4 v;
     asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -127,11 +125,7 @@ __device__ __forceinline__ uint4 slots_load4(const unsigned int* p) {
 __device__ __forceinline__ void count_in_release(unsigned int* p) {
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
-__device__ __forceinline__ unsigned int count_acquire(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+__device__ __forceinline__ unsigned int count_acquire(const unsigned int* p) { return ld_acquire_gpu(p); }
 
 // Waits for NROWS rows of slots (kLevel1 each; local row r is slot row row_of(r) of `slots`),
 // decodes them into dst[r * kLevel1 + i] and zeroes them for the next launch. Thread tid takes the

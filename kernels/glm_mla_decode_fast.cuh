@@ -230,11 +230,7 @@ struct MlaQuantOut {
 
 constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
 
-__device__ __forceinline__ uint32_t mla_load_acquire(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+__device__ __forceinline__ uint32_t mla_load_acquire(const uint32_t* p) { return ld_acquire_gpu(p); }
 
 // The merging CTA of head group hg of row r: the row's per-token FP8 scale from every group's max,
 // then this group's codes (heads hg*HPC.., y from mla_fast_merge).

@@ -50,6 +50,25 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int tid
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
+// GPU-scope 32-bit accesses of cross-CTA hand-offs (flags, counters, self-flagging words): a relaxed
+// access is single-copy atomic and goes to L2; acquire / release order the accesses around them.
+__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu(unsigned* p, unsigned v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Whether this CTA is the last of `total` to arrive at `counter` (zero at launch, left zero). Call
 // from every thread after the CTA's global writes: the CTA barrier orders them before thread 0's
 // fence (cumulative) and atomic add, so the last CTA, after its own fence (acquire), sees every

@@ -220,27 +220,19 @@ __global__ void __launch_bounds__(256, MIN_CTAS) moe_gate_up_shared_down(
 namespace flow {
 constexpr unsigned kFlowSpinLimit = 1u << 25;   // ~3 s of polling is a lost hand-off: trap, never hang
 
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// The word once it is written (non-zero).
-__device__ __forceinline__ unsigned wait_word(const unsigned* p) {
+// Polls load() until done(value); returns that value.
+template <typename Load, typename Done>
+__device__ __forceinline__ unsigned spin(Load load, Done done) {
     unsigned v, n = 0;
-    while ((v = ld_relaxed(p)) == 0u) {
+    while (!done(v = load())) {
         __nanosleep(64);
         if (++n > kFlowSpinLimit) __trap();
     }
     return v;
+}
+// A self-flagging word once it is written (non-zero).
+__device__ __forceinline__ unsigned wait_word(const unsigned* p) {
+    return spin([p] { return ld_relaxed_gpu(p); }, [](unsigned v) { return v != 0u; });
 }
 }  // namespace flow
 
@@ -261,18 +253,11 @@ __device__ __forceinline__ void moe_flow_gate_up(int t, int s, const int* ids, i
         const size_t row = (unsigned)s / (unsigned)act_div;
         w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
         __syncthreads();
-        const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);
-        if ((lane & 1) == 0) sm.part[warp][lane >> 1] = acc;   // w4a4_finish's sum, in warp order
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float p = sm.part[0][threadIdx.x];
-#pragma unroll
-            for (int v = 1; v < 8; ++v) p = __fadd_rn(p, sm.part[v][threadIdx.x]);
-            y = f32_to_bf16(__fmul_rn(p, __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e))));
-        }
+        const float p = w4a4_row_sum(w4a4_rows_dot<K, FAST>(w, sm, warp, lane), sm.part, warp, lane);
+        if (threadIdx.x < 16) y = f32_to_bf16(__fmul_rn(p, __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e))));
     }
     if (threadIdx.x < 16)
-        flow::st_relaxed(words + (size_t)s * n2 + n0 + threadIdx.x, (unsigned)__bfloat16_as_ushort(y) + 1u);
+        st_relaxed_gpu(words + (size_t)s * n2 + n0 + threadIdx.x, (unsigned)__bfloat16_as_ushort(y) + 1u);
 }
 
 template <int I>
@@ -282,8 +267,8 @@ __device__ __forceinline__ void moe_flow_quant(int s, int c, unsigned* words, fl
     if (i < I) {
         unsigned* row = words + (size_t)s * (2 * I);
         const unsigned g = flow::wait_word(row + i), u = flow::wait_word(row + I + i);
-        flow::st_relaxed(row + i, 0u);   // re-armed for the next launch
-        flow::st_relaxed(row + I + i, 0u);
+        st_relaxed_gpu(row + i, 0u);   // re-armed for the next launch
+        st_relaxed_gpu(row + I + i, 0u);
         const float v = round_bf16(swiglu_clamp_element(bf16_to_f32(__ushort_as_bfloat16((unsigned short)(g - 1u))),
                                                         bf16_to_f32(__ushort_as_bfloat16((unsigned short)(u - 1u))),
                                                         limit));
@@ -323,11 +308,7 @@ __device__ __forceinline__ void moe_flow_down(int c, int s, const int* ids, cons
     // hides behind the tiles.
     unsigned seen = 0;
     if (threadIdx.x == 0) {
-        unsigned n = 0;
-        while (flow::ld_acquire(q_count + s) != quant_units) {
-            __nanosleep(64);
-            if (++n > flow::kFlowSpinLimit) __trap();
-        }
+        flow::spin([=] { return ld_acquire_gpu(q_count + s); }, [=](unsigned v) { return v == quant_units; });
         seen = atomicAdd(consumed + s, 1u);
     }
     const auto re_arm = [&] {

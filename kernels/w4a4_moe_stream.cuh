@@ -45,14 +45,7 @@ constexpr long long MOE_SPIN_LIMIT = 1LL << 24;   // ~10 s of waiting is a bug: 
 
 // (cp_async16 / cp_async8 / cp_async_commit / cp_async_wait: kbp_common.cuh)
 
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// (ld_acquire_gpu / st_release_gpu: kbp_common.cuh)
 
 // Thread 0 waits until *flag != 0 (then the whole CTA proceeds). Bounded: traps on a lost flag.
 __device__ __forceinline__ void cta_wait_flag(const unsigned* flag) {

@@ -303,17 +303,25 @@ __device__ __forceinline__ float w4a4_rows_dot(const W4A4Rows<K>& w, const W4A4S
     return acc;
 }
 
+// The 16 rows' sums of the warp partials, in warp order: thread r < 16 gets row r's (every thread
+// of the CTA calls it; the others get 0).
+__device__ __forceinline__ float w4a4_row_sum(float acc, float (*part)[16], int warp, int lane) {
+    if ((lane & 1) == 0) part[warp][lane >> 1] = acc;
+    __syncthreads();
+    float p = 0.0f;
+    if (threadIdx.x < 16) {
+        p = part[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) p = __fadd_rn(p, part[w][threadIdx.x]);
+    }
+    return p;
+}
+
 // Warp partials in warp order, times f32(g_t * s_g), one BF16 rounding.
 __device__ __forceinline__ void w4a4_finish(float acc, float (*part)[16], float scale,
                                             __nv_bfloat16* y, int warp, int lane) {
-    if ((lane & 1) == 0) part[warp][lane >> 1] = acc;
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float p = part[0][threadIdx.x];
-#pragma unroll
-        for (int w = 1; w < 8; ++w) p = __fadd_rn(p, part[w][threadIdx.x]);
-        y[threadIdx.x] = f32_to_bf16(__fmul_rn(p, scale));
-    }
+    const float p = w4a4_row_sum(acc, part, warp, lane);
+    if (threadIdx.x < 16) y[threadIdx.x] = f32_to_bf16(__fmul_rn(p, scale));
 }
 
 // Resident CTAs per SM a one-tile W4A4 GEMV asks the register allocator for (MIN_CTAS of the

@@ -25,6 +25,13 @@ def _plan(tiny_path, *rules, numerics="fast"):
     return plan, LowerCtx(plan)
 
 
+def _down_input_rows(ctx, act):
+    """The down input quantizer's scratch rows (codes, scales, global scale) after silu_mul `act`."""
+    dq = ctx.bp.node(ctx.output(act).dst)
+    return (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
+            ctx.state(f"{dq.id}.g", "float"))
+
+
 def _ops(plan, g):
     return sorted(plan.blueprint.node_by_id[n].op for n in g.nodes)
 
@@ -56,9 +63,7 @@ def test_gate_up_pair(tiny_path, numerics, fast):
         nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
         gate_up, act = nodes["expert_gate_up"], nodes["silu_mul"]
         k, i = ctx.input(gate_up).dim_value, ctx.output(act).dim_value
-        dq = bp.node(ctx.output(act).dst)
-        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
-                ctx.state(f"{dq.id}.g", "float"))
+        rows = _down_input_rows(ctx, act)
         assert route.instance.kernel.startswith("kbp::router_gemv_topk_quant<")
         assert pair.instance.kernel == f"kbp::moe_gate_up_pair<{k}, {i}{fast}>"
         assert pair.grid == (i // 16, top_k, 1) and pair.block == moe_experts.PAIR_BLOCK
@@ -87,9 +92,7 @@ def test_expert_flow(tiny_path, numerics, fast):
         nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
         gate_up, act, down = nodes["expert_gate_up"], nodes["silu_mul"], nodes["expert_down"]
         k, i, n = ctx.input(gate_up).dim_value, ctx.output(act).dim_value, ctx.output(down).dim_value
-        dq = bp.node(ctx.output(act).dst)
-        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
-                ctx.state(f"{dq.id}.g", "float"))
+        rows = _down_input_rows(ctx, act)
         tiles = 2 if n % 32 == 0 else 1
         assert flow.instance.kernel == f"kbp::moe_expert_flow<{k}, {i}, {n}, {fast}, {tiles}>"
         units = 2 * i // 16 + -(-i // 256) + n // (16 * tiles)
@@ -116,9 +119,7 @@ def test_gate_up_flow(tiny_path):
         nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
         gate_up, act = nodes["expert_gate_up"], nodes["silu_mul"]
         k, i = ctx.input(gate_up).dim_value, ctx.output(act).dim_value
-        dq = bp.node(ctx.output(act).dst)
-        rows = (ctx.state(f"{dq.id}.codes", "uint8_t"), ctx.state(f"{dq.id}.scales", "uint8_t"),
-                ctx.state(f"{dq.id}.g", "float"))
+        rows = _down_input_rows(ctx, act)
         assert flow.instance.kernel == f"kbp::moe_gate_up_flow<{k}, {i}, true>"
         assert flow.grid == (top_k * (2 * i // 16 + -(-i // 256)), 1, 1)
         assert flow.args[2:5] == route.args[-3:] and flow.args[10:13] == rows

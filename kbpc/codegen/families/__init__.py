@@ -38,7 +38,7 @@ LOWERINGS: dict[tuple[str, str], Lowering] = {
     ("kda_pack", "cuda_core"): kda_pack.lower,
     ("kda_recurrent", "cuda_core"): kda_recurrent.lower,
     ("layer_norm", "cuda_core"): layer_norm.lower,
-    ("moe_experts", "e2m1_dp4a_exact"): moe_experts.lower,   # router + experts (rules moe_experts, moe_gate_up_pair, moe_expert_flow)
+    ("moe_experts", "e2m1_dp4a_exact"): moe_experts.lower,   # router + experts (rules moe_experts, moe_gate_up_pair, moe_*_flow)
     ("rms_norm", "cuda_core"): rms_norm.lower,
     ("w4a16_gemv", "cuda_core"): w4a16_gemv.lower,
     ("w4a4_mx", "e2m1_dp4a_exact"): w4a4_mx.lower,

@@ -86,10 +86,16 @@ def gate_up_flow_instance(k: int, i: int, fast: bool) -> KernelInstance:
                           (*PAIR_PARAMS, "unsigned int*", "unsigned int*"))
 
 
+def gate_up_flow_units(i: int) -> int:
+    """A slot's units in moe_gate_up_flow's grid: its gate/up tiles (16 of the 2I rows each) and
+    SwiGLU quantizer CTAs (256 values each)."""
+    return 2 * i // 16 + -(-i // 256)
+
+
 def flow_units_per_slot(i: int, n: int, down_tiles: int) -> int:
-    """A slot's units in moe_expert_flow's grid: its gate/up tiles, SwiGLU quantizer CTAs (256 values
-    each) and down CTAs (16 x down_tiles rows each)."""
-    return 2 * i // 16 + -(-i // 256) + n // (16 * down_tiles)
+    """A slot's units in moe_expert_flow's grid: moe_gate_up_flow's, then its down CTAs (16 x
+    down_tiles rows each)."""
+    return gate_up_flow_units(i) + n // (16 * down_tiles)
 
 
 def router_opc(experts: int) -> int:
@@ -201,7 +207,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     require(ctx.input(down).id == r.h.id, f"{down.id} does not read the SwiGLU quantizer's NVFP4 rows", down)
     if group.rule == "fused:moe_gate_up_flow":
         require(shared is None, "moe_gate_up_flow takes the routed experts only", group)
-        gq = Launch(gate_up_flow_instance(r.k, r.i, fast), grid=(r.slots * (2 * r.i // 16 + -(-r.i // 256)), 1, 1),
+        gq = Launch(gate_up_flow_instance(r.k, r.i, fast), grid=(r.slots * gate_up_flow_units(r.i), 1, 1),
                     block=SLOT_BLOCK, smem=0,
                     args=(*pair_args, ctx.state(f"{r.gate_up.id}.words", "unsigned int"),
                           ctx.state(f"{r.gate_up.id}.flow", "unsigned int")),
