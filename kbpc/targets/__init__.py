@@ -18,12 +18,15 @@ class Target:
                                  # on exactly that capability, not on later ones)
     sms: int                     # streaming multiprocessors of the largest part (grids that fill the GPU)
     l2_prefetch_bytes: int       # most weight bytes one projection launch prefetches into L2 before
-                                 # pdl_wait (kbpc.codegen.families._projection.prefetch_row_bytes)
+                                 # pdl_wait (kbpc.codegen.families._projection.prefetch_row_bytes);
+                                 # 0: none (the W4A16 fast forms' PF = 0)
 
 
-# A third of the 50 MB L2 of H100 / H200: the prefetched lines must survive until the kernel reads
-# them, beside the L2 traffic of the kernels running meanwhile.
-L2_PREFETCH_HOPPER = 16 << 20
+# None on Hopper, measured: with a third of the L2 (16 MB a launch) the H200 step of the 128-expert
+# seed shrink ran 0.5-0.8% slower than without (six interleaved pairs, 24th session), and
+# bench/l2_prefetch_probe.cu finds that even behind a 20 us hold, `prefetch.global.L2` or
+# `cp.async.bulk.prefetch.L2` of a 67 MB stream's first half saves it 0.9 of 20 us (19 MB: 0.3 of 7.8).
+L2_PREFETCH_HOPPER = 0
 # Targets kbpc has not run on: a smaller, unmeasured budget (GB10's L2 is the smallest of them).
 L2_PREFETCH_UNMEASURED = 4 << 20
 

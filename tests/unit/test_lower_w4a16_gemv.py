@@ -244,7 +244,11 @@ def test_prefetch_budget(tiny_fast):
     from kbpc.targets import get_target
 
     plan, ctx = tiny_fast
+    assert prefetch_row_bytes(ctx, 16, 1536) == 0    # sm_90 has no budget (measured slower with one)
+    plan = dataclasses.replace(plan, options=dataclasses.replace(plan.options, target="sm_100"))
+    ctx = LowerCtx(plan)
     budget = get_target(plan.options.target).l2_prefetch_bytes
+    assert budget > 0
     for rows, row_bytes, side in [(4096, 4096, 1 / 8), (16, 1536, 0.0), (24576, 2048, 1 / 8), (1, 100, 0.0)]:
         pf = prefetch_row_bytes(ctx, rows, row_bytes, side)
         assert pf % 128 == 0 and 0 <= pf <= row_bytes

@@ -13,9 +13,9 @@ Group forms, told apart by the group's nodes (not by rule names):
   the silu-input down GEMV on the clamped g^, u^ in FP32 (the reference's clamp_gate_up then
   w4a16_gemv_silu_input).
 
-Under PDL the fast one-linear and segment forms prefetch the first PF bytes of every weight row
+Under PDL the fast one-linear and segment forms can prefetch the first PF bytes of every weight row
 into L2 before their dependency wait (`prefetch_row_bytes`: the target's budget spread over the
-launch's rows).
+launch's rows; none on sm_90, where it measured slower: kbpc/targets).
 
 Numerics `fast` (Options.numerics): the forms run on FP16 tensor cores (kernels/w4a16_mma.cuh,
 bounds in kbpc.reference.gemv_bounds) where K % 32 == 0 and K <= MMA_MAX_K, with KS warps
