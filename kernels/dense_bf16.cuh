@@ -66,7 +66,7 @@ __device__ __forceinline__ float dense_row_partial(const uint4* wrow,
 #pragma unroll
         for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
             int v = l + 64 * (b0 + j);
-            if (b0 + j < PER && v < NV) w[j] = __ldcs(wrow + v);  // streamed: read once
+            if (b0 + j < PER && v < NV) w[j] = ld_weight(wrow + v);  // streamed: read once
         }
         if (b0 == 0) pdl_wait();  // the first weight batch is in flight; x comes from the kernel before
 #pragma unroll

@@ -50,6 +50,38 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int tid
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
+// Streamed weight loads (each byte read once a step): evict-first as __ldcs, and each miss asks L2
+// for the whole 128-byte line from DRAM instead of the 32-byte sectors the load touches (a lane
+// reads 2-32 bytes of a row; the rest of the line is read by its neighbours next). H200, 128-expert
+// seed shrink, fast: the step ~1.1% faster than with __ldcs; asking for 256 bytes gained ~0.5%
+// (bench/NOTES.md, twenty-fourth session).
+__device__ __forceinline__ uint4 ld_weight(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.cs.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_weight(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.cs.L2::128B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_weight(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.global.cs.L2::128B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint16_t ld_weight(const uint16_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.cs.L2::128B.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint8_t ld_weight(const uint8_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.cs.L2::128B.u8 %0, [%1];" : "=h"(v) : "l"(p));
+    return (uint8_t)v;
+}
+
 // GPU-scope 32-bit accesses of cross-CTA hand-offs (flags, counters, self-flagging words): a relaxed
 // access is single-copy atomic and goes to L2; acquire / release order the accesses around them.
 __device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {

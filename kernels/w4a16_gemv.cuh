@@ -153,8 +153,8 @@ __device__ __forceinline__ void w4a16_rows_partial(const uint8_t* codes, const u
 #pragma unroll
             for (int r = 0; r < R; ++r)
                 if (b0 + t < PER && j < NC && r < valid) {
-                    c[t][r] = __ldcs(reinterpret_cast<const uint2*>(codes + (size_t)r * (K / 2)) + j);
-                    s[t][r] = __ldcs(scales + (size_t)r * (K / 16) + j);
+                    c[t][r] = ld_weight(reinterpret_cast<const uint2*>(codes + (size_t)r * (K / 2)) + j);
+                    s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + j);
                 }
         }
 #pragma unroll
@@ -286,8 +286,8 @@ __device__ __forceinline__ void w4a16_silu_rows(const uint8_t* codes, const uint
 #pragma unroll
             for (int r = 0; r < R; ++r)
                 if (b0 + t < PER && v < NV && r < valid) {
-                    c[t][r] = __ldcs(reinterpret_cast<const uint32_t*>(codes + (size_t)r * (K / 2)) + v);
-                    s[t][r] = __ldcs(scales + (size_t)r * (K / 16) + (v >> 1));
+                    c[t][r] = ld_weight(reinterpret_cast<const uint32_t*>(codes + (size_t)r * (K / 2)) + v);
+                    s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + (v >> 1));
                 }
         }
         if (b0 == 0) __syncthreads();  // xs staged (the first loads are already in flight)

@@ -218,10 +218,10 @@ __device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* cg, c
         const int c = warp + KS * (b0 + i);
         const bool ok = c < NCH && 128 * c + 32 * t < K;
         const int off = 64 * c + 16 * t, soff = 8 * c + 2 * t;
-        r.c[i][0] = ok ? __ldcs(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
-        r.c[i][1] = ok ? __ldcs(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);
-        r.s[i][0] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(sg + soff)) : (uint16_t)0;
-        r.s[i][1] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(s8 + soff)) : (uint16_t)0;
+        r.c[i][0] = ok ? ld_weight(reinterpret_cast<const uint4*>(cg + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.c[i][1] = ok ? ld_weight(reinterpret_cast<const uint4*>(c8 + off)) : make_uint4(0u, 0u, 0u, 0u);
+        r.s[i][0] = ok ? ld_weight(reinterpret_cast<const unsigned short*>(sg + soff)) : (uint16_t)0;
+        r.s[i][1] = ok ? ld_weight(reinterpret_cast<const unsigned short*>(s8 + soff)) : (uint16_t)0;
     }
 }
 

@@ -266,9 +266,9 @@ __device__ __forceinline__ void w4a4_load_rows(W4A4Rows<K>& w, const uint8_t* w_
     for (int i = 0; i < W4A4Rows<K>::PER; ++i) {  // every weight load of this lane is in flight before any math
         const int c = warp + 8 * i;
         if (c < W4A4Rows<K>::NCH) {
-            w.cw[i][0] = __ldcs(wc + 4 * c);
-            w.cw[i][1] = __ldcs(wc + 4 * c + 1);
-            w.sw[i] = __ldcs(ws + 2 * c);
+            w.cw[i][0] = ld_weight(wc + 4 * c);
+            w.cw[i][1] = ld_weight(wc + 4 * c + 1);
+            w.sw[i] = ld_weight(ws + 2 * c);
         }
     }
 }

@@ -92,8 +92,8 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
         for (int i = 0; i < WXAY_BATCH; ++i) {
             int c = warp + 8 * (b0 + i);
             if (b0 + i < PER && c < NCH) {
-                w[i][0] = __ldcs(rg + 8 * c); w[i][1] = __ldcs(rg + 8 * c + 1);
-                w[i][2] = __ldcs(r8 + 8 * c); w[i][3] = __ldcs(r8 + 8 * c + 1);
+                w[i][0] = ld_weight(rg + 8 * c); w[i][1] = ld_weight(rg + 8 * c + 1);
+                w[i][2] = ld_weight(r8 + 8 * c); w[i][3] = ld_weight(r8 + 8 * c + 1);
             }
         }
         if (PREWAIT && b0 == 0) pdl_wait();   // PDL: the activation comes from the previous kernel
@@ -149,8 +149,8 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
     acc0 = 0.0f, acc8 = 0.0f;
     uint4 wv[4];
     if (warp < NCH) {
-        wv[0] = __ldcs(rg + 8 * warp); wv[1] = __ldcs(rg + 8 * warp + 1);
-        wv[2] = __ldcs(r8 + 8 * warp); wv[3] = __ldcs(r8 + 8 * warp + 1);
+        wv[0] = ld_weight(rg + 8 * warp); wv[1] = ld_weight(rg + 8 * warp + 1);
+        wv[2] = ld_weight(r8 + 8 * warp); wv[3] = ld_weight(r8 + 8 * warp + 1);
     }
     if (PREWAIT) pdl_wait();   // PDL: the activation comes from the previous kernel
 #pragma unroll 1   // one chunk's loads at a time: the FP64 sums, not the loads, bound this form
@@ -158,8 +158,8 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
         const int c = warp + 8 * i;
         if (c >= NCH) break;   // warp-uniform
         if (i > 0) {
-            wv[0] = __ldcs(rg + 8 * c); wv[1] = __ldcs(rg + 8 * c + 1);
-            wv[2] = __ldcs(r8 + 8 * c); wv[3] = __ldcs(r8 + 8 * c + 1);
+            wv[0] = ld_weight(rg + 8 * c); wv[1] = ld_weight(rg + 8 * c + 1);
+            wv[2] = ld_weight(r8 + 8 * c); wv[3] = ld_weight(r8 + 8 * c + 1);
         }
         const uint4 xv[2] = {ld_step(xa + 8 * c), ld_step(xa + 8 * c + 1)};
         const uint32_t wg[8] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w, wv[1].x, wv[1].y, wv[1].z, wv[1].w};
