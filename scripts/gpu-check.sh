@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, run on the GPU machine from the repository root: installs the carried wheels (.whl/,
-# copied from ../shared/device/ plus jsonschema and its needs), prints the GPU, runs every
-# @pytest.mark.gpu test (in parallel workers: PYTEST_WORKERS, default 8) and, unless
+# filled by scripts/device-wheels.sh: ../shared/device/ plus jsonschema and its needs), prints the
+# GPU, runs every @pytest.mark.gpu test (in parallel workers: PYTEST_WORKERS, default 8) and, unless
 # SKIP_BENCH=1, the kernel benchmarks; logs and a summary under $OUT.
 # A failing test does not stop the benchmark; the exit code is non-zero if either step failed.
 # Arguments are passed to bench/kernels.py (e.g. --only w4a16). PYTEST_ARGS adds pytest options.
