@@ -15,7 +15,9 @@
 //       recurrence and gated norm ends ~3 us sooner, the six-segment input projection ~1 us; the
 //       same prefetch in the FP8 DSA projections delayed the latency-bound quantizer before them
 //       by ~6 us, so wxay does not prefetch into L2: it loads its first batch of weights into
-//       registers before the wait instead, wxay.cuh).
+//       registers before the wait instead, wxay.cuh). Measured again in the twenty-fourth
+//       session's step, the whole step ran 0.5-0.8% faster without it, so sm_90 builds use PF 0
+//       (kbpc/targets: l2_prefetch_bytes); the form stays for targets with a budget.
 //       several projections of one input (W4A16SegList<NSEG> by value, as w4a16_gemv_seg_list).
 //   w4a16_mma_f32_input<K, KS, T>(codes, scales, s_g, x, y, N) as w4a16_mma on an FP32 row x
 //       (16-byte aligned), staged the same way; FP16 keeps 11 of its 24 bits, so each staged value
