@@ -50,8 +50,9 @@ def demand_profile(runs: list[Run], bandwidth: float, low: float = 0.25, high: f
         width = t1 - t0
         if demand < low:
             band["low"] += width
-            for r in live or [Run(IDLE, t0, width, 0.0)]:
-                low_time[r.name] += width / max(len(live), 1)
+            owners = [r.name for r in live] or [IDLE]
+            for name in owners:
+                low_time[name] += width / len(owners)
         elif demand > high:
             band["high"] += width
         else:

@@ -25,6 +25,15 @@ def _plan(tiny_path, *rules, numerics="fast"):
     return plan, LowerCtx(plan)
 
 
+def _merged_routed_groups(plan, rule):
+    """The groups of `rule`, each holding the router's and the routed experts' whole chain (no
+    router_expert_quant or moe_swiglu_down group left)."""
+    fused = [g for g in plan.groups if g.rule == rule]
+    assert fused and all(g.family == "moe_experts" and _ops(plan, g) == sorted(ROUTED) for g in fused)
+    assert not any(g.rule in ("fused:router_expert_quant", "fused:moe_swiglu_down") for g in plan.groups)
+    return fused
+
+
 def _down_input_rows(ctx, act):
     """The down input quantizer's scratch rows (codes, scales, global scale) after silu_mul `act`."""
     dq = ctx.bp.node(ctx.output(act).dst)
@@ -55,9 +64,7 @@ def test_gate_up_pair(tiny_path, numerics, fast):
     GEMV reading them (the shared expert stays apart)."""
     plan, ctx = _plan(tiny_path, "moe_gate_up_pair", numerics=numerics)
     bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
-    fused = [g for g in plan.groups if g.rule == "fused:moe_gate_up_pair"]
-    assert fused and all(g.family == "moe_experts" and _ops(plan, g) == sorted(ROUTED) for g in fused)
-    assert not any(g.rule in ("fused:router_expert_quant", "fused:moe_swiglu_down") for g in plan.groups)
+    fused = _merged_routed_groups(plan, "fused:moe_gate_up_pair")
     for g in fused:
         route, pair, down = moe_experts.lower(ctx, g)
         nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
@@ -84,9 +91,7 @@ def test_expert_flow(tiny_path, numerics, fast):
     gate/up node's words and sync state."""
     plan, ctx = _plan(tiny_path, "moe_expert_flow", numerics=numerics)
     bp, top_k = plan.blueprint, plan.blueprint.symbols["top_k"]
-    fused = [g for g in plan.groups if g.rule == "fused:moe_expert_flow"]
-    assert fused and all(g.family == "moe_experts" and _ops(plan, g) == sorted(ROUTED) for g in fused)
-    assert not any(g.rule in ("fused:router_expert_quant", "fused:moe_swiglu_down") for g in plan.groups)
+    fused = _merged_routed_groups(plan, "fused:moe_expert_flow")
     for g in fused:
         route, flow = moe_experts.lower(ctx, g)
         nodes = {bp.node_by_id[n].op: bp.node_by_id[n] for n in g.nodes if bp.node_by_id[n].op != "act_quant"}
