@@ -54,7 +54,10 @@
 //   same-stream successor, e.g. the KDA conv, is then resident and has its own loads in flight when
 //   the projection completes; H200, 128-expert seed shrink, replay timelines: the KDA recurrence
 //   9.2 -> 8.5 us, the gated norm ends 1.7 us after it instead of 2.3, step span 5576 us against
-//   5590-5604 in builds without it). The one-projection kernel keeps the trigger after its MMAs.
+//   5590-5604 in builds without it). The one-projection kernel releases them right after its wait
+//   (it was after its MMAs), as the FP8 and routed slot GEMVs do: with all four, kbpc bench 4.90 ->
+//   4.81 ms a step at 1k (H200, 128-expert seed shrink; the replay timelines show the gain in the
+//   MoE sublayers only, bench/NOTES.md, twenty-fifth session).
 // Entry points: the __global__ template, or its body <name>_dev<...> for a TU's own wrapper.
 #pragma once
 
@@ -277,6 +280,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     W4A16FBatch cur;
     w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
     pdl_wait();
+    pdl_launch_dependents();   // see the header (the later trigger below is then a no-op)
     const float unscale = stage();
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll

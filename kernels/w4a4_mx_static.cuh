@@ -17,6 +17,11 @@
 //       fast form (FP32 accumulation, numerics fast), within gemv_bounds.w4a4_fast_bound of it.
 //   w4a4_gemv_moe_slots<K, FAST, TILES>: TILES 16-row tiles a CTA, grid = (N/(16 TILES), S),
 //       N % (16 TILES) == 0; the same bytes (more weight bytes in flight per lane for small K).
+//       PDL: dependents are released right after the wait (they launch once every CTA has
+//       started, so the SwiGLU quantizer after the routed gate/up is resident when the gate/up
+//       completes; H200, 128-expert seed shrink, replay timelines: the quantizer ends 3.2 us
+//       after the gate/up instead of 5.4, a MoE sublayer 57.6 -> 55.8 us; bench/NOTES.md,
+//       twenty-fifth session). Its dependents still read its output only after their own wait.
 //   w4a4_gemv_moe_slots_after_quant<K, FAST, TILES>(ids, a_codes, a_scales, a_g, w_codes, w_scales,
 //       w_gscale, y, N): the down projection's form (act_div 1) right after
 //       w4a4_quant_swiglu_rows_static, its expert id read and its weights loaded before pdl_wait.
@@ -97,7 +102,10 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
         w4a4_load_rows<K>(w[i], w_codes + (ew + n0 + 16 * i) * (K / 2), w_scales + (ew + n0 + 16 * i) * (K / 16),
                           warp, lane);
     const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
-    if (IDS_EARLY) ::kbp::pdl_wait();   // the activation rows come from the previous kernel
+    if (IDS_EARLY) {
+        ::kbp::pdl_wait();   // the activation rows come from the previous kernel
+        ::kbp::pdl_launch_dependents();   // as w4a4_gemv_moe_slots (its own trigger, after its wait)
+    }
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     __syncthreads();
     float acc[TILES];
@@ -128,6 +136,7 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
     const uint8_t* w_codes, const uint8_t* w_scales,
     const float* w_gscale, __nv_bfloat16* y, int N) {
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    ::kbp::pdl_launch_dependents();   // once every CTA has started: see the header
     w4a4_gemv_moe_slots_dev<K, FAST, TILES>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
 }
 

@@ -20,7 +20,11 @@
 //       eight warp chains spread over up to eight SMs; the partials meet in a global scratch (see
 //       wxay_tile_ks). PDL: weight lines prefetched to L2 before pdl_wait().
 //   PDL in wxay_rowscale and wxay_rowscale_split_list: each warp issues its first WXAY_BATCH
-//   chunks' weight loads (all of them when K <= 4096) before pdl_wait(), the activation after it.
+//   chunks' weight loads (all of them when K <= 4096) before pdl_wait(), the activation after it,
+//   and releases the dependents right after its wait (without a trigger they launched only as the
+//   last CTA left; with the same trigger in w4a16_mma and the routed slot GEMVs, kbpc bench 4.90 ->
+//   4.81 ms a step at 1k on an H200, the replay timelines showing the gain in the MoE sublayers
+//   only: bench/NOTES.md, twenty-fifth session).
 // Math (explain.families.wxay, rowscale): warp w takes the 128-wide chunks c = w (mod 8) in
 //   increasing order; a chunk is 4 chained m16n8k32 MMAs from zero (weights on the 16-row side,
 //   the token in column 0 of the 8-wide side), S_c is added to the warp's FP32 accumulator
@@ -96,7 +100,10 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
                 w[i][2] = ld_weight(r8 + 8 * c); w[i][3] = ld_weight(r8 + 8 * c + 1);
             }
         }
-        if (PREWAIT && b0 == 0) pdl_wait();   // PDL: the activation comes from the previous kernel
+        if (PREWAIT && b0 == 0) {
+            pdl_wait();   // PDL: the activation comes from the previous kernel
+            pdl_launch_dependents();   // see the header
+        }
 #pragma unroll
         for (int i = 0; i < WXAY_BATCH; ++i) {
             int c = warp + 8 * (b0 + i);
