@@ -15,12 +15,19 @@ ready (everything it depends on has ended: the timeline's `late_us`, as bench/ti
 reads it), how long it runs, and when it ends after it was ready; medians over the launches, per
 file (e.g. how long the MLA decode takes after the query projection or the select it waits for).
 
+With --neighbours TEXT, the same medians for the launches whose kernel name contains TEXT, grouped
+by the kernel launched before and the kernel launched after each on its stream: a latency-bound
+kernel's run can depend on what follows it (a dependent launched early under PDL puts its weight
+loads in flight beside it: the hc boundaries ran 5.8 us before the router, 8.5-9.2 us before the
+projections that load 9-18 MB before their wait; bench/NOTES.md, twenty-fifth session).
+
 With --json, for any number of timelines, one JSON object per file in a list: its step span, the
 per-kind table and the per-kind chains (what a variant summary in bench/results records).
 
     python3 bench/timeline_layers.py TIMELINE.json [OTHER.json]   # two files: side by side
     python3 bench/timeline_layers.py --chain TIMELINE.json [OTHER.json]
     python3 bench/timeline_layers.py --kernel glm_mla_decode TIMELINE.json [OTHER.json...]
+    python3 bench/timeline_layers.py --neighbours hc_boundary TIMELINE.json [OTHER.json...]
     python3 bench/timeline_layers.py --json TIMELINE.json...
 """
 from __future__ import annotations
@@ -146,29 +153,71 @@ def after_ready(kernels: list[dict], text: str) -> dict:
             "end_after_us": statistics.median(r[0] + r[1] for r in rows)}
 
 
-def print_kernel(text: str, paths: list[str]) -> int:
+def short_name(kernel: str) -> str:
+    """A kernel's name without its namespace and template arguments."""
+    return kernel.split("<")[0].split("::")[-1]
+
+
+def by_neighbours(kernels: list[dict], text: str) -> dict[tuple[str, str], dict]:
+    """(kernel before, kernel after on the same stream; "" at a stream's ends) -> after_ready's
+    medians over the launches whose kernel name contains `text`, the timeline's launch order."""
+    streams: dict[int, list[dict]] = {}
+    for k in kernels:
+        streams.setdefault(k.get("stream", -1), []).append(k)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for seq in streams.values():
+        for i, k in enumerate(seq):
+            if text in k["kernel"]:
+                before = short_name(seq[i - 1]["kernel"]) if i else ""
+                after = short_name(seq[i + 1]["kernel"]) if i + 1 < len(seq) else ""
+                groups.setdefault((before, after), []).append(k)
+    return {key: after_ready(rows, text) for key, rows in groups.items()}
+
+
+def for_each_timeline(paths: list[str], show) -> int:
+    """show(path, launches) for each timeline; 1 (said why) at the first without `late_us`."""
     for path in paths:
         kernels = json.load(open(path))["kernels"]
         if any("late_us" not in k for k in kernels):
             print(f"{path}: no late_us (recorded before bench/timeline_delays.py; read it with that tool's --step)")
             return 1
-        r = after_ready(kernels, text)
-        if not r["count"]:
-            print(f"{path}: no launch of {text}")
-            continue
-        print(f"{path}: {r['count']} x {text}: starts {r['start_after_us']:.2f} us after it is ready, runs "
-              f"{r['duration_us']:.2f} us, ends {r['end_after_us']:.2f} us after it is ready (medians)")
+        show(path, kernels)
     return 0
 
 
+def print_neighbours(text: str, paths: list[str]) -> int:
+    def show(path: str, kernels: list[dict]) -> None:
+        groups = by_neighbours(kernels, text)
+        if not groups:
+            print(f"{path}: no launch of {text}")
+            return
+        print(f"{path}: {text} by the kernels before and after it on its stream (medians, us)")
+        for (before, after), r in sorted(groups.items(), key=lambda kv: -kv[1]["count"]):
+            print(f"  {r['count']:4d} x  after {before[:34]:34s} before {after[:34]:34s} starts {r['start_after_us']:6.2f}"
+                  f"  runs {r['duration_us']:6.2f}  ends {r['end_after_us']:6.2f}")
+    return for_each_timeline(paths, show)
+
+
+def print_kernel(text: str, paths: list[str]) -> int:
+    def show(path: str, kernels: list[dict]) -> None:
+        r = after_ready(kernels, text)
+        if not r["count"]:
+            print(f"{path}: no launch of {text}")
+            return
+        print(f"{path}: {r['count']} x {text}: starts {r['start_after_us']:.2f} us after it is ready, runs "
+              f"{r['duration_us']:.2f} us, ends {r['end_after_us']:.2f} us after it is ready (medians)")
+    return for_each_timeline(paths, show)
+
+
 def main(argv: list[str]) -> int:
-    if "--kernel" in argv:
-        i = argv.index("--kernel")
-        paths = argv[:i] + argv[i + 2:]
-        if i + 1 >= len(argv) or not paths:   # the text and at least one timeline
-            print(__doc__)
-            return 2
-        return print_kernel(argv[i + 1], paths)
+    for flag, show in (("--kernel", print_kernel), ("--neighbours", print_neighbours)):
+        if flag in argv:
+            i = argv.index(flag)
+            paths = argv[:i] + argv[i + 2:]
+            if i + 1 >= len(argv) or not paths:   # the text and at least one timeline
+                print(__doc__)
+                return 2
+            return show(argv[i + 1], paths)
     chain, as_json = "--chain" in argv, "--json" in argv
     argv = [a for a in argv if a not in ("--chain", "--json")]
     if as_json and argv:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from timeline_layers import (after_ready, chain_table, kind_of, launch_chains, main,  # noqa: E402
-                             sublayers, table)
+from timeline_layers import (after_ready, by_neighbours, chain_table, kind_of, launch_chains,  # noqa: E402
+                             main, sublayers, table)
 
 
 def _k(family, start, dur):
@@ -97,3 +97,25 @@ def test_kernel_after_it_is_ready(tmp_path, capsys):
     assert main(["--kernel", "decode", str(path)]) == 0
     assert "3 x decode: starts 0.50 us after it is ready, runs 5.00 us, ends 6.00 us" in capsys.readouterr().out
     assert main(["--kernel", "decode"]) == 2
+
+
+def test_neighbours_group_a_kernel_by_what_runs_before_and_after_it(tmp_path, capsys):
+    """--neighbours: the launches of a kernel grouped by the kernels before and after each on its
+    stream (another stream's launches in between do not count), with after_ready's medians."""
+    def k(kernel, stream, late, dur):
+        return {"kernel": f"kbp::{kernel}<4>", "stream": stream, "late_us": late, "dur_us": dur,
+                "family": "x", "start_us": 0.0}
+    step = [k("proj", 0, -5.0, 20.0), k("hc_boundary", 0, 0.5, 9.0), k("six_seg", 0, -7.0, 26.0),
+            k("shared", 1, 7.0, 11.0), k("hc_boundary", 0, 0.4, 6.0), k("router", 0, -4.0, 12.0),
+            k("proj", 0, -5.0, 20.0), k("hc_boundary", 0, 0.6, 8.0), k("six_seg", 0, -7.0, 26.0),
+            k("hc_boundary", 0, 0.2, 5.0)]
+    got = by_neighbours(step, "hc_boundary")
+    assert got[("proj", "six_seg")] == {"count": 2, "start_after_us": 0.55, "duration_us": 8.5, "end_after_us": 9.05}
+    assert got[("six_seg", "router")]["duration_us"] == 6.0 and got[("six_seg", "")]["count"] == 1
+    assert sum(r["count"] for r in got.values()) == 4
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"kernels": step}))
+    assert main(["--neighbours", "hc_boundary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "after proj" in out and "before six_seg" in out and "runs   8.50" in out
+    assert main(["--neighbours", "hc_boundary"]) == 2
