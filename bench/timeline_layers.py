@@ -18,7 +18,7 @@ file (e.g. how long the MLA decode takes after the query projection or the selec
 With --neighbours TEXT, the same medians for the launches whose kernel name contains TEXT, grouped
 by the kernel launched before and the kernel launched after each on its stream: a latency-bound
 kernel's run can depend on what follows it (a dependent launched early under PDL puts its weight
-loads in flight beside it: the hc boundaries ran 5.8 us before the router, 8.5-9.2 us before the
+loads in flight beside it: the hc boundaries ran 5.8 us before the router, 8.5-8.8 us before the
 projections that load 9-18 MB before their wait; bench/NOTES.md, twenty-fifth session).
 
 With --json, for any number of timelines, one JSON object per file in a list: its step span, the

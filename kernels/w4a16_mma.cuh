@@ -54,10 +54,11 @@
 //   same-stream successor, e.g. the KDA conv, is then resident and has its own loads in flight when
 //   the projection completes; H200, 128-expert seed shrink, replay timelines: the KDA recurrence
 //   9.2 -> 8.5 us, the gated norm ends 1.7 us after it instead of 2.3, step span 5576 us against
-//   5590-5604 in builds without it). The one-projection kernel releases them right after its wait
-//   (it was after its MMAs), as the FP8 and routed slot GEMVs do: with all four, kbpc bench 4.90 ->
-//   4.81 ms a step at 1k (H200, 128-expert seed shrink; the replay timelines show the gain in the
-//   MoE sublayers only, bench/NOTES.md, twenty-fifth session).
+//   5590-5604 in builds without it). The other forms (one projection, FP32 input, shared pair)
+//   release them right after their wait in w4a16f_mac (it was after the MMAs), as the FP8 and
+//   routed slot GEMVs do: with all four, kbpc bench 4.90 -> 4.81 ms a step at 1k (H200, 128-expert
+//   seed shrink; the replay timelines show the gain in the MoE sublayers only, bench/NOTES.md,
+//   twenty-fifth session).
 // Entry points: the __global__ template, or its body <name>_dev<...> for a TU's own wrapper.
 #pragma once
 
@@ -280,7 +281,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     W4A16FBatch cur;
     w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
     pdl_wait();
-    pdl_launch_dependents();   // see the header (the later trigger below is then a no-op)
+    pdl_launch_dependents();   // see the header
     const float unscale = stage();
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -294,7 +295,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
         }
         if (b + 1 < NBATCH) cur = nxt;
     }
-    pdl_launch_dependents();
+    pdl_launch_dependents();   // a no-op after the trigger above (left as measured; removable)
     if (t == 0) { part[warp][g] = d[0]; part[warp][g + 8] = d[2]; }
     __syncthreads();
     return unscale;
@@ -362,7 +363,7 @@ template <int K, int KS, int T, int NSEG, int PF = 0>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_SEG_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                                   const __nv_bfloat16* x) {
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
-    pdl_launch_dependents();  // at CTA start (see the header); w4a16f_mac's later trigger is then a no-op
+    pdl_launch_dependents();  // at CTA start (see the header); w4a16f_mac's trigger is then a no-op
     w4a16_mma_seg_dev<K, KS, T, PF>(segs.seg, NSEG, x);
 }
 

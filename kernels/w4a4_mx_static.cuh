@@ -104,7 +104,7 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
     const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
     if (IDS_EARLY) {
         ::kbp::pdl_wait();   // the activation rows come from the previous kernel
-        ::kbp::pdl_launch_dependents();   // as w4a4_gemv_moe_slots (its own trigger, after its wait)
+        ::kbp::pdl_launch_dependents();   // after the wait, as w4a4_gemv_moe_slots (see the header)
     }
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
     __syncthreads();
