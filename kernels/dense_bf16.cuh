@@ -6,7 +6,9 @@
 //   K % 8 == 0 (template); any N >= 1.  grid = (ceil(N / 4)), block = 256, no dynamic smem.
 //   dense_gemv_bf16_opc<K, OutT, OPC>: OPC in {1, 2, 4} outputs per CTA, grid = ceil(N / OPC),
 //   block = 64 * OPC (small N: more CTAs on more SMs), the same bits.
-// PDL: each thread's first batch of weight loads is issued before pdl_wait().
+// PDL: each thread's first batch of weight loads is issued before pdl_wait(). The kernels below
+//   release their dependents right after it (TRIGGER; as the FP8 and W4A16 GEMVs do, see wxay.cuh);
+//   the fused router, which calls dense_gemv_bf16_block for its logits, places its own trigger.
 // Math (explain.families.dense_bf16, GEMV): output n gets 64 threads (two warps); thread l
 //   (0..63) walks the 8-element vectors v = l, l+64, ... in increasing order, accumulating
 //   acc = acc + x[8v+i] * W[n, 8v+i] for i = 0..7 (separate FP32 mul and add; --fmad=false);
@@ -54,7 +56,7 @@ __device__ __forceinline__ float dense_dot8(uint4 w, uint4 x, float acc) {
 }
 
 // Thread l's partial for one output row: vectors v = l, l+64, ... < K/8, batched loads.
-template <int K>
+template <int K, bool TRIGGER = false>
 __device__ __forceinline__ float dense_row_partial(const uint4* wrow,
                                                    const uint4* xv, int l) {
     constexpr int NV = K / 8;
@@ -68,7 +70,10 @@ __device__ __forceinline__ float dense_row_partial(const uint4* wrow,
             int v = l + 64 * (b0 + j);
             if (b0 + j < PER && v < NV) w[j] = ld_weight(wrow + v);  // streamed: read once
         }
-        if (b0 == 0) pdl_wait();  // the first weight batch is in flight; x comes from the kernel before
+        if (b0 == 0) {
+            pdl_wait();  // the first weight batch is in flight; x comes from the kernel before
+            if (TRIGGER) pdl_launch_dependents();
+        }
 #pragma unroll
         for (int j = 0; j < DENSE_BF16_BATCH; ++j) {
             int v = l + 64 * (b0 + j);
@@ -79,7 +84,7 @@ __device__ __forceinline__ float dense_row_partial(const uint4* wrow,
 }
 
 // Outputs OPC*block .. OPC*block+OPC-1 (those below N) with 64*OPC threads; every thread must call it.
-template <int K, typename OutT, int OPC = 4>
+template <int K, typename OutT, int OPC = 4, bool TRIGGER = false>
 __device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* W,
                                                       const __nv_bfloat16* x,
                                                       OutT* y, int N, int block) {
@@ -90,7 +95,7 @@ __device__ __forceinline__ void dense_gemv_bf16_block(const __nv_bfloat16* W,
     const int n = block * OPC + slot;
     float acc = 0.0f;
     if (n < N)
-        acc = dense_row_partial<K>(reinterpret_cast<const uint4*>(W + (size_t)n * K),
+        acc = dense_row_partial<K, TRIGGER>(reinterpret_cast<const uint4*>(W + (size_t)n * K),
                                    reinterpret_cast<const uint4*>(x), l);
     acc = warp_sum_down(acc);
     if (l == 32) part[slot] = acc;  // lane 0 of the second warp holds P1
@@ -102,7 +107,7 @@ template <int K, typename OutT, int OPC = 4>
 __device__ __forceinline__ void dense_gemv_bf16_dev(const __nv_bfloat16* W,
                                                        const __nv_bfloat16* x,
                                                        OutT* y, int N) {
-    dense_gemv_bf16_block<K, OutT, OPC>(W, x, y, N, blockIdx.x);
+    dense_gemv_bf16_block<K, OutT, OPC, true>(W, x, y, N, blockIdx.x);
 }
 
 template <int K, typename OutT>

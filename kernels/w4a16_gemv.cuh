@@ -39,6 +39,13 @@
 //   2^113; fma(q 2^-14, x 2^14, p) == fma(q, x, p) bit for bit): ~3.5-4 instructions per value,
 //   against ~9 for the earlier decode (kept for CTAs whose x has an element >= 2^113). The
 //   numerics-fast form on tensor cores is kernels/w4a16_mma.cuh.
+// PDL: every entry issues its first batch of weight loads (W4A16_BATCH chunks a row: the whole
+//   slice of a thread when K <= 4096) before pdl_wait(), reads x (or g, u) after it, and releases
+//   its dependents right after the wait, as the fast forms do. Before, these kernels waited first
+//   and never triggered: the exact build (numerics `exact`) ran 6.04-6.06 ms a step at 1k and 6.19
+//   at 16k, with this 5.84-5.87 and 6.01 (H200, 128-expert seed shrink, interleaved, logits
+//   bit-equal; bench/NOTES.md, twenty-sixth session). The shared expert pair (used in both modes)
+//   loads early but does not trigger (kW4A16PairTrigger).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
@@ -134,29 +141,45 @@ __device__ __forceinline__ bool w4a16_x_big(const uint4* x) {
     return __syncthreads_or(big) != 0;
 }
 
+// Thread l's weights for its first W4A16_BATCH chunks (the 8-byte codes and the scale byte of each
+// of the group's rows): what the walk loads first, loaded before the dependency wait by w4a16_cta.
+struct W4A16Batch {
+    uint2 c[W4A16_BATCH][W4A16_ROWS];
+    uint8_t s[W4A16_BATCH][W4A16_ROWS];
+};
+
+// Thread l's loads of the chunks j = l + 64 (b0 + t), t < W4A16_BATCH, of the group's rows.
+template <int K>
+__device__ __forceinline__ void w4a16_load_batch(const uint8_t* codes, const uint8_t* scales, int l, int valid,
+                                                 int b0, W4A16Batch& b) {
+    constexpr int NC = K / 16, PER = (NC + 63) / 64, R = W4A16_ROWS;
+#pragma unroll
+    for (int t = 0; t < W4A16_BATCH; ++t) {
+        const int j = l + 64 * (b0 + t);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (b0 + t < PER && j < NC && r < valid) {
+                b.c[t][r] = ld_weight(reinterpret_cast<const uint2*>(codes + (size_t)r * (K / 2)) + j);
+                b.s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + j);
+            }
+    }
+}
+
 // Thread l's accumulators for W4A16_ROWS consecutive output rows (rows n0.. with `valid` of them
 // real) over its chunks j = l, l+64, ...: each x chunk is loaded and widened once for all rows.
-template <int K, bool BIG>
-__device__ __forceinline__ void w4a16_rows_partial(const uint8_t* codes, const uint8_t* scales,
-                                                   float gscale, const uint4* x, int l, int valid,
-                                                   float (&acc)[W4A16_ROWS]) {
+// PRELOADED: `first` holds the first batch (w4a16_load_batch at b0 = 0), already in flight.
+template <int K, bool BIG, bool PRELOADED>
+__device__ __forceinline__ void w4a16_rows_walk(const uint8_t* codes, const uint8_t* scales,
+                                                float gscale, const uint4* x, int l, int valid,
+                                                float (&acc)[W4A16_ROWS], const W4A16Batch& first) {
     constexpr int NC = K / 16, PER = (NC + 63) / 64, R = W4A16_ROWS;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 #pragma unroll
     for (int b0 = 0; b0 < PER; b0 += W4A16_BATCH) {
-        uint2 c[W4A16_BATCH][R];
-        uint8_t s[W4A16_BATCH][R];
-#pragma unroll
-        for (int t = 0; t < W4A16_BATCH; ++t) {
-            const int j = l + 64 * (b0 + t);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (b0 + t < PER && j < NC && r < valid) {
-                    c[t][r] = ld_weight(reinterpret_cast<const uint2*>(codes + (size_t)r * (K / 2)) + j);
-                    s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + j);
-                }
-        }
+        W4A16Batch wb;
+        if (PRELOADED && b0 == 0) wb = first;
+        else w4a16_load_batch<K>(codes, scales, l, valid, b0, wb);
 #pragma unroll
         for (int t = 0; t < W4A16_BATCH; ++t) {
             const int j = l + 64 * (b0 + t);
@@ -173,12 +196,21 @@ __device__ __forceinline__ void w4a16_rows_partial(const uint8_t* codes, const u
 #pragma unroll
                 for (int r = 0; r < R; ++r)
                     if (r < valid) {
-                        float p = BIG ? w4a16_chunk16(c[t][r], xv) : w4a16_chunk16_f16(c[t][r], xs);
-                        acc[r] = __fmaf_rn(p, __fmul_rn(gscale, e4m3_to_f32(s[t][r])), acc[r]);
+                        float p = BIG ? w4a16_chunk16(wb.c[t][r], xv) : w4a16_chunk16_f16(wb.c[t][r], xs);
+                        acc[r] = __fmaf_rn(p, __fmul_rn(gscale, e4m3_to_f32(wb.s[t][r])), acc[r]);
                     }
             }
         }
     }
+}
+
+// The walk with every load after the caller's wait (the fused MoE forms' per-tile use).
+template <int K, bool BIG>
+__device__ __forceinline__ void w4a16_rows_partial(const uint8_t* codes, const uint8_t* scales,
+                                                   float gscale, const uint4* x, int l, int valid,
+                                                   float (&acc)[W4A16_ROWS]) {
+    W4A16Batch unused;
+    w4a16_rows_walk<K, BIG, false>(codes, scales, gscale, x, l, valid, acc, unused);
 }
 
 // Two-warp finish: shuffle tree per warp, then P0 + P1 -> BF16, for each of the group's rows.
@@ -195,8 +227,11 @@ __device__ __forceinline__ void w4a16_finish(float (&acc)[W4A16_ROWS], int grp, 
         if (l == 0 && r < valid) y[r] = f32_to_bf16(__fadd_rn(acc[r], part[grp][r]));
 }
 
-// One CTA's share of a projection: 4 groups of 64 threads, W4A16_ROWS rows each.
-template <int K>
+// One CTA's share of a projection: 4 groups of 64 threads, W4A16_ROWS rows each. PDL: the first
+// batch of weight loads is issued before pdl_wait() (the whole slice when K <= 4096), x and the
+// choice of walk after it; TRIGGER: the dependents are released right after the wait (as in the
+// fast forms, w4a16_mma.cuh).
+template <int K, bool TRIGGER = true>
 __device__ __forceinline__ void w4a16_cta(const uint8_t* codes, const uint8_t* scales, float gscale,
                                           const __nv_bfloat16* x, __nv_bfloat16* y, int N, int cta) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
@@ -205,14 +240,17 @@ __device__ __forceinline__ void w4a16_cta(const uint8_t* codes, const uint8_t* s
     const int n0 = (cta * 4 + grp) * W4A16_ROWS;
     const int valid = max(0, min(W4A16_ROWS, N - n0));
     const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    const uint8_t* codes_n0 = codes + (size_t)n0 * (K / 2);
+    const uint8_t* scales_n0 = scales + (size_t)n0 * (K / 16);
     float acc[W4A16_ROWS];
-    pdl_wait();
+    W4A16Batch first;
+    w4a16_load_batch<K>(codes_n0, scales_n0, l, valid, 0, first);
+    pdl_wait();   // PDL: x comes from the kernel before
+    if (TRIGGER) pdl_launch_dependents();
     if (w4a16_x_big<K>(x4))  // uniform over the CTA
-        w4a16_rows_partial<K, true>(codes + (size_t)n0 * (K / 2), scales + (size_t)n0 * (K / 16), gscale, x4, l,
-                                    valid, acc);
+        w4a16_rows_walk<K, true, true>(codes_n0, scales_n0, gscale, x4, l, valid, acc, first);
     else
-        w4a16_rows_partial<K, false>(codes + (size_t)n0 * (K / 2), scales + (size_t)n0 * (K / 16), gscale, x4, l,
-                                     valid, acc);
+        w4a16_rows_walk<K, false, true>(codes_n0, scales_n0, gscale, x4, l, valid, acc, first);
     w4a16_finish(acc, grp, l, valid, y + n0, part);
 }
 
@@ -229,7 +267,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* codes,
                                                   const uint8_t* scales, float gscale,
                                                   const __nv_bfloat16* x,
                                                   __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: w4a16_cta waits once its first weight batch is in flight
     w4a16_gemv_dev<K>(codes, scales, gscale, x, y, N);
 }
 
@@ -246,7 +284,7 @@ __device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* table, int ns
 template <int K>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* table, int nseg,
                                                       const __nv_bfloat16* x) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: w4a16_cta waits once its first weight batch is in flight
     w4a16_gemv_seg_dev<K>(table, nseg, x);
 }
 
@@ -259,7 +297,7 @@ struct W4A16SegList {
 template <int K, int NSEG>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                            const __nv_bfloat16* x) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: w4a16_cta waits once its first weight batch is in flight (the table is a parameter)
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
     w4a16_gemv_seg_dev<K>(segs.seg, NSEG, x);
 }
@@ -268,28 +306,43 @@ __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant
 // s_nj)); thread l takes the 8-element vectors v = l, l+64, ...; acc = fma(x_k, w_k, acc).
 __device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, kbp::exp_f32(-g))); }
 
-// Thread l's accumulators for the group's rows; xs = the FP32 input staged in shared memory.
+// Thread l's weights for its first W4A16_BATCH 8-value vectors of the group's rows (the silu walk's
+// first batch), loaded before the dependency wait by w4a16_silu_input_impl.
+struct W4A16SiluBatch {
+    uint32_t c[W4A16_BATCH][W4A16_ROWS];
+    uint8_t s[W4A16_BATCH][W4A16_ROWS];
+};
+
 template <int K>
-__device__ __forceinline__ void w4a16_silu_rows(const uint8_t* codes, const uint8_t* scales,
+__device__ __forceinline__ void w4a16_silu_load_batch(const uint8_t* codes, const uint8_t* scales, int l,
+                                                      int valid, int b0, W4A16SiluBatch& b) {
+    constexpr int NV = K / 8, PER = (NV + 63) / 64, R = W4A16_ROWS;
+#pragma unroll
+    for (int t = 0; t < W4A16_BATCH; ++t) {
+        const int v = l + 64 * (b0 + t);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (b0 + t < PER && v < NV && r < valid) {
+                b.c[t][r] = ld_weight(reinterpret_cast<const uint32_t*>(codes + (size_t)r * (K / 2)) + v);
+                b.s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + (v >> 1));
+            }
+    }
+}
+
+// Thread l's accumulators for the group's rows; xs = the FP32 input staged in shared memory (the
+// walk's first __syncthreads publishes it). PRELOADED: `first` holds the first batch, in flight.
+template <int K, bool PRELOADED>
+__device__ __forceinline__ void w4a16_silu_walk(const uint8_t* codes, const uint8_t* scales,
                                                 float gscale, const float* xs, int l, int valid,
-                                                float (&acc)[W4A16_ROWS]) {
+                                                float (&acc)[W4A16_ROWS], const W4A16SiluBatch& first) {
     constexpr int NV = K / 8, PER = (NV + 63) / 64, R = W4A16_ROWS;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 #pragma unroll
     for (int b0 = 0; b0 < PER; b0 += W4A16_BATCH) {
-        uint32_t c[W4A16_BATCH][R];
-        uint8_t s[W4A16_BATCH][R];
-#pragma unroll
-        for (int t = 0; t < W4A16_BATCH; ++t) {
-            const int v = l + 64 * (b0 + t);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (b0 + t < PER && v < NV && r < valid) {
-                    c[t][r] = ld_weight(reinterpret_cast<const uint32_t*>(codes + (size_t)r * (K / 2)) + v);
-                    s[t][r] = ld_weight(scales + (size_t)r * (K / 16) + (v >> 1));
-                }
-        }
+        W4A16SiluBatch wb;
+        if (PRELOADED && b0 == 0) wb = first;
+        else w4a16_silu_load_batch<K>(codes, scales, l, valid, b0, wb);
         if (b0 == 0) __syncthreads();  // xs staged (the first loads are already in flight)
 #pragma unroll
         for (int t = 0; t < W4A16_BATCH; ++t) {
@@ -301,18 +354,29 @@ __device__ __forceinline__ void w4a16_silu_rows(const uint8_t* codes, const uint
 #pragma unroll
                 for (int r = 0; r < R; ++r)
                     if (r < valid) {
-                        const float sc = __fmul_rn(gscale, e4m3_to_f32(s[t][r]));
+                        const float sc = __fmul_rn(gscale, e4m3_to_f32(wb.s[t][r]));
 #pragma unroll
                         for (int i = 0; i < 8; ++i)
-                            acc[r] = __fmaf_rn(xv[i], __fmul_rn(e2m1_at(c[t][r], 4 * i), sc), acc[r]);
+                            acc[r] = __fmaf_rn(xv[i], __fmul_rn(e2m1_at(wb.c[t][r], 4 * i), sc), acc[r]);
                     }
             }
         }
     }
 }
 
+// The walk with every load after the caller's wait (the fused MoE forms' use).
+template <int K>
+__device__ __forceinline__ void w4a16_silu_rows(const uint8_t* codes, const uint8_t* scales,
+                                                float gscale, const float* xs, int l, int valid,
+                                                float (&acc)[W4A16_ROWS]) {
+    W4A16SiluBatch unused;
+    w4a16_silu_walk<K, false>(codes, scales, gscale, xs, l, valid, acc, unused);
+}
+
 // CLAMP: g^ = fminf(g, L), u^ = fminf(fmaxf(u, -L), L) first (exact; NaN -> the other operand).
-template <int K, bool CLAMP>
+// PDL: the first weight batch is issued before pdl_wait() (the whole slice when K <= 4096), g and u
+// are read after it; TRIGGER: the dependents are released right after the wait.
+template <int K, bool CLAMP, bool TRIGGER = true>
 __device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* codes,
                                                       const uint8_t* scales, float gscale,
                                                       const __nv_bfloat16* g,
@@ -322,16 +386,22 @@ __device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* codes,
     static_assert(K * 4 <= 40960, "the FP32 input is staged in static shared memory");
     __shared__ __align__(16) float xs[K];
     __shared__ float part[4][W4A16_ROWS];
+    const int grp = threadIdx.x >> 6, l = threadIdx.x & 63;
+    const int n0 = (blockIdx.x * 4 + grp) * W4A16_ROWS;
+    const int valid = max(0, min(W4A16_ROWS, N - n0));
+    const uint8_t* codes_n0 = codes + (size_t)n0 * (K / 2);
+    const uint8_t* scales_n0 = scales + (size_t)n0 * (K / 16);
+    W4A16SiluBatch first;
+    w4a16_silu_load_batch<K>(codes_n0, scales_n0, l, valid, 0, first);
+    pdl_wait();   // PDL: g and u come from the kernel before
+    if (TRIGGER) pdl_launch_dependents();
     for (int k = threadIdx.x; k < K; k += 256) {  // x_k = silu(g_k) * u_k, once per CTA
         float gk = __bfloat162float(g[k]), uk = __bfloat162float(u[k]);
         if (CLAMP) { gk = fminf(gk, limit); uk = fminf(fmaxf(uk, -limit), limit); }
         xs[k] = __fmul_rn(silu_f32(gk), uk);
     }
-    const int grp = threadIdx.x >> 6, l = threadIdx.x & 63;
-    const int n0 = (blockIdx.x * 4 + grp) * W4A16_ROWS;
-    const int valid = max(0, min(W4A16_ROWS, N - n0));
     float acc[W4A16_ROWS];
-    w4a16_silu_rows<K>(codes + (size_t)n0 * (K / 2), scales + (size_t)n0 * (K / 16), gscale, xs, l, valid, acc);
+    w4a16_silu_walk<K, true>(codes_n0, scales_n0, gscale, xs, l, valid, acc, first);
     w4a16_finish(acc, grp, l, valid, y + n0, part);
 }
 
@@ -359,7 +429,7 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t
                                                                    const __nv_bfloat16* g,
                                                                    const __nv_bfloat16* u, float limit,
                                                                    __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: w4a16_silu_input_impl waits once its first weight batch is in flight
     w4a16_gemv_silu_clamp_input_dev<K>(codes, scales, gscale, g, u, limit, y, N);
 }
 
@@ -369,11 +439,17 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* code
                                                              const __nv_bfloat16* g,
                                                              const __nv_bfloat16* u,
                                                              __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: w4a16_silu_input_impl waits once its first weight batch is in flight
     w4a16_gemv_silu_input_dev<K>(codes, scales, gscale, g, u, y, N);
 }
 
 // ------------------------------------------------------------------ shared expert pair
+
+// Whether the pair's phases release their dependents after their wait. Off: phase 1, launched
+// after phase 0 on the shared expert's stream, would take SMs beside the routed experts' GEMVs
+// early (H200, 128-expert seed shrink, fast build, replay timelines: a MoE sublayer 56.15 us with
+// the trigger against 55.72 without and 55.73 before this form; the step even within the spread).
+constexpr bool kW4A16PairTrigger = false;
 
 namespace {  // internal linkage: each TU (kernel instance) owns its scratch
 template <int N>
@@ -389,9 +465,9 @@ __device__ __forceinline__ void w4a16_shared_pair_dev(int phase, const uint8_t* 
                                                       float limit, __nv_bfloat16* y, int N) {
     __nv_bfloat16* gu = w4a16_pair_scratch<2 * I>;
     if (phase == 0)  // uniform per launch
-        w4a16_cta<K>(gu_codes, gu_scales, gu_gscale, x, gu, 2 * I, blockIdx.x);
+        w4a16_cta<K, kW4A16PairTrigger>(gu_codes, gu_scales, gu_gscale, x, gu, 2 * I, blockIdx.x);
     else
-        w4a16_silu_input_impl<I, true>(dn_codes, dn_scales, dn_gscale, gu, gu + I, limit, y, N);
+        w4a16_silu_input_impl<I, true, kW4A16PairTrigger>(dn_codes, dn_scales, dn_gscale, gu, gu + I, limit, y, N);
 }
 
 template <int K, int I>
@@ -401,7 +477,7 @@ __global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_
                                                          const uint8_t* dn_codes,
                                                          const uint8_t* dn_scales, float dn_gscale,
                                                          float limit, __nv_bfloat16* y, int N) {
-    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    // PDL: each phase waits once its first weight batch is in flight
     w4a16_shared_pair_dev<K, I>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales, dn_gscale,
                                 limit, y, N);
 }

@@ -295,7 +295,6 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
         }
         if (b + 1 < NBATCH) cur = nxt;
     }
-    pdl_launch_dependents();   // a no-op after the trigger above (left as measured; removable)
     if (t == 0) { part[warp][g] = d[0]; part[warp][g + 8] = d[2]; }
     __syncthreads();
     return unscale;

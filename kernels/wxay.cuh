@@ -20,8 +20,8 @@
 //       eight warp chains spread over up to eight SMs; the partials meet in a global scratch (see
 //       wxay_tile_ks). PDL: weight lines prefetched to L2 before pdl_wait().
 //   PDL in wxay_rowscale and wxay_rowscale_split_list: each warp issues its first WXAY_BATCH
-//   chunks' weight loads (all of them when K <= 4096) before pdl_wait(), the activation after it,
-//   and releases the dependents right after its wait (without a trigger they launched only as the
+//   chunks' weight loads (all of them when K <= 4096; the exact form its first chunk's) before
+//   pdl_wait(), the activation after it, and releases the dependents right after its wait (without a trigger they launched only as the
 //   last CTA left; with the same trigger in w4a16_mma and the routed slot GEMVs, kbpc bench 4.90 ->
 //   4.81 ms a step at 1k on an H200, the replay timelines showing the gain in the MoE sublayers
 //   only: bench/NOTES.md, twenty-fifth session).
@@ -159,7 +159,10 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
         wv[0] = ld_weight(rg + 8 * warp); wv[1] = ld_weight(rg + 8 * warp + 1);
         wv[2] = ld_weight(r8 + 8 * warp); wv[3] = ld_weight(r8 + 8 * warp + 1);
     }
-    if (PREWAIT) pdl_wait();   // PDL: the activation comes from the previous kernel
+    if (PREWAIT) {
+        pdl_wait();   // PDL: the activation comes from the previous kernel
+        pdl_launch_dependents();   // as wxay_warp_chain (see the header)
+    }
 #pragma unroll 1   // one chunk's loads at a time: the FP64 sums, not the loads, bound this form
     for (int i = 0; i < PER; ++i) {
         const int c = warp + 8 * i;
