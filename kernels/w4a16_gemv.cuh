@@ -42,10 +42,10 @@
 // PDL: every entry issues its first batch of weight loads (W4A16_BATCH chunks a row: the whole
 //   slice of a thread when K <= 4096) before pdl_wait(), reads x (or g, u) after it, and releases
 //   its dependents right after the wait, as the fast forms do. Before, these kernels waited first
-//   and never triggered: the exact build (numerics `exact`) ran 6.04-6.06 ms a step at 1k and 6.19
-//   at 16k, with this 5.84-5.87 and 6.01 (H200, 128-expert seed shrink, interleaved, logits
-//   bit-equal; bench/NOTES.md, twenty-sixth session). The shared expert pair (used in both modes)
-//   loads early but does not trigger (kW4A16PairTrigger).
+//   and never triggered: the exact build (numerics `exact`) ran 6.04-6.05 ms a step at 1k, with
+//   this 5.84-5.87 (H200, 128-expert seed shrink, interleaved, logits bit-equal; at 16k 6.19 ->
+//   6.01 with the pair's trigger on; bench/NOTES.md, twenty-sixth session). The shared expert pair
+//   (used in both modes) loads early but does not trigger (kW4A16PairTrigger).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once

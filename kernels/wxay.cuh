@@ -21,10 +21,10 @@
 //       wxay_tile_ks). PDL: weight lines prefetched to L2 before pdl_wait().
 //   PDL in wxay_rowscale and wxay_rowscale_split_list: each warp issues its first WXAY_BATCH
 //   chunks' weight loads (all of them when K <= 4096; the exact form its first chunk's) before
-//   pdl_wait(), the activation after it, and releases the dependents right after its wait (without a trigger they launched only as the
-//   last CTA left; with the same trigger in w4a16_mma and the routed slot GEMVs, kbpc bench 4.90 ->
-//   4.81 ms a step at 1k on an H200, the replay timelines showing the gain in the MoE sublayers
-//   only: bench/NOTES.md, twenty-fifth session).
+//   pdl_wait(), the activation after it, and releases the dependents right after its wait
+//   (without a trigger they launched only as the last CTA left; with the same trigger in w4a16_mma
+//   and the routed slot GEMVs, kbpc bench 4.90 -> 4.81 ms a step at 1k on an H200, the replay
+//   timelines showing the gain in the MoE sublayers only: bench/NOTES.md, twenty-fifth session).
 // Math (explain.families.wxay, rowscale): warp w takes the 128-wide chunks c = w (mod 8) in
 //   increasing order; a chunk is 4 chained m16n8k32 MMAs from zero (weights on the 16-row side,
 //   the token in column 0 of the 8-wide side), S_c is added to the warp's FP32 accumulator
