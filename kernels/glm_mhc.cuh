@@ -116,12 +116,9 @@ __device__ __forceinline__ unsigned int atomic_add_acq_rel_gpu(unsigned int* p, 
 // Named barrier 1 over threads 0..255 only (the Sinkhorn warp does not take part).
 __device__ __forceinline__ void bar_tree() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
-// Finish the 256-wide tree in one warp: red[0..256) holds the partials (level 128, 64, 32 in
-// registers, 16..1 by shuffle-down). Lane 0 returns the total.
-__device__ __forceinline__ float tree256_warp(const float* red, int lane) {
-    float a[8];
-#pragma unroll
-    for (int q = 0; q < 8; ++q) a[q] = red[lane + 32 * q];
+// Finish the 256-wide tree in one warp from lane l's partials a[q] = partial l + 32 q (level 128,
+// 64, 32 in registers, 16..1 by shuffle-down). Lane 0 returns the total.
+__device__ __forceinline__ float tree256_lanes(float (&a)[8]) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) a[q] = a[q] + a[q + 4];
     a[0] = a[0] + a[2];
@@ -130,6 +127,14 @@ __device__ __forceinline__ float tree256_warp(const float* red, int lane) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
     return v;
+}
+
+// The same from red[0..256) in shared memory.
+__device__ __forceinline__ float tree256_warp(const float* red, int lane) {
+    float a[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) a[q] = red[lane + 32 * q];
+    return tree256_lanes(a);
 }
 
 // x'_j = fl(post_j u) + tree_i fl(C_ij x_i) for one column.

@@ -182,6 +182,41 @@ __device__ __forceinline__ float boundary_chain(const float* xs, const __nv_bflo
     return acc + __shfl_down_sync(0xffffffffu, acc, 16);  // first tree level: t + 128 onto t
 }
 
+// The loads of two neighbouring columns k, k + 1 of token t: xv[i] stream i's pair (kSrcExpand: the
+// BF16 row widened, in xv[0]) and, for kSrcPost, uv the sublayer output u.
+template <int N, int D, int SRC, class P>
+__device__ __forceinline__ void pair_loads(const P& p, size_t t, int k, float2 (&xv)[N], float (&uv)[2]) {
+    if constexpr (SRC == kSrcExpand) {
+        xv[0] = bf16x2_load(p.h + t * D + k);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) xv[i] = ld_step(reinterpret_cast<const float2*>(p.x + (t * N + i) * D + k));
+        if constexpr (SRC == kSrcPost) branch_u<2>(p.parts, D, t, k, uv);
+    }
+}
+
+// The streams of those columns from their loads: o[c][i] = stream i at column k + c (kSrcPost: the
+// post-mix with the previous gates pin and comb cin; otherwise as loaded).
+template <int N, int SRC>
+__device__ __forceinline__ void pair_streams(const float2 (&xv)[N], const float (&uv)[2], const float (&pin)[N],
+                                             const float (&cin)[N * N], float (&o)[2][N]) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        float xc[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float2 v = xv[SRC == kSrcExpand ? 0 : i];
+            xc[i] = c ? v.y : v.x;
+        }
+        if constexpr (SRC == kSrcPost) {
+            post_mix_column<N>(xc, uv[c], pin, cin, o[c]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) o[c][i] = xc[i];
+        }
+    }
+}
+
 // The producer's stream values: xs[j * 32 + lane] = flat element tt + 256 j of the lane's tree
 // thread tt (+0 past the end); with `writer` (chain group 0) also stored to x_out.
 template <int N, int D, int SRC, class P>
@@ -204,14 +239,8 @@ __device__ __forceinline__ void producer_streams(const P& p, size_t t, int g, bo
         for (int it = 0; it < IT; ++it) {  // every load first
             const int pi = tid + kPreThreads * it;
             if (pi >= PAIRS) break;
-            const int k = group_tree_thread(g, 2 * (pi % 16)) + kTreeThreads * (pi / 16);
-            if constexpr (SRC == kSrcExpand) {
-                xv[it][0] = bf16x2_load(p.h + t * D + k);
-            } else {
-#pragma unroll
-                for (int i = 0; i < N; ++i) xv[it][i] = ld_step(reinterpret_cast<const float2*>(p.x + (t * N + i) * D + k));
-                if constexpr (SRC == kSrcPost) branch_u<2>(p.parts, D, t, k, uv[it]);
-            }
+            pair_loads<N, D, SRC>(p, t, group_tree_thread(g, 2 * (pi % 16)) + kTreeThreads * (pi / 16), xv[it],
+                                  uv[it]);
         }
 #pragma unroll
         for (int it = 0; it < IT; ++it) {
@@ -220,21 +249,7 @@ __device__ __forceinline__ void producer_streams(const P& p, size_t t, int g, bo
             const int lane = 2 * (pi % 16), q = pi / 16;
             const int k = group_tree_thread(g, lane) + kTreeThreads * q;
             float o[2][N];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                float xc[N];
-#pragma unroll
-                for (int i = 0; i < N; ++i) {
-                    const float2 v = xv[it][SRC == kSrcExpand ? 0 : i];
-                    xc[i] = c ? v.y : v.x;
-                }
-                if constexpr (SRC == kSrcPost) {
-                    post_mix_column<N>(xc, uv[it][c], pin, cin, o[c]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < N; ++i) o[c][i] = xc[i];
-                }
-            }
+            pair_streams<N, SRC>(xv[it], uv[it], pin, cin, o);
 #pragma unroll
             for (int i = 0; i < N; ++i) {
                 const float2 v = make_float2(o[0][i], o[1][i]);

@@ -190,6 +190,22 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// A cluster barrier that only keeps shared memory alive for the other CTAs' distributed
+// shared-memory reads, whose values were consumed before it: no memory ordering (a release would
+// wait for every pending store). Not .aligned: the threads of a warp need not be converged here.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+// A cluster barrier split in its halves, publishing shared memory: stores before the arrive are
+// visible to every CTA of the cluster after its wait. A release waits for every store this thread
+// issued before it, global ones too, so work whose stores nobody in the cluster reads is best put
+// between the halves.
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+
 // Butterfly (xor) warp sum: offsets 16, 8, 4, 2, 1. Every lane ends with the same value.
 __device__ __forceinline__ float warp_sum_xor(float v) {
 #pragma unroll

@@ -96,13 +96,7 @@ template <int HK, int HV, int DK, int DV, int CPH>
 __host__ __device__ constexpr int kda_fused_threads() { return KdaFusedSplit<HK, HV, DK, DV, CPH>::COLS; }
 
 // (cp_async16 / cp_async_commit / cp_async_wait_all: kbp_common.cuh)
-// The last cluster barrier only keeps shared memory alive for the other CTAs' reads, whose values
-// were consumed before it: no memory ordering (a release would wait for every pending store). Not
-// .aligned: the threads of a warp need not be converged here.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+// (cluster_arrive_relaxed / cluster_wait, the last barrier's halves: kbp_common.cuh)
 
 // The kernel's arguments (see the launch contract), gathered for the phase functions below.
 struct KdaFusedParams {

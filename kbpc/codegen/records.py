@@ -21,6 +21,8 @@ class KernelInstance:
     header: str                      # kernels/<header>
     kernel: str                      # C++ name with template arguments
     params: tuple[str, ...]          # C++ parameter types, in order
+    cluster: int = 0                 # the kernel's compile-time cluster width (__cluster_dims__), 0 if
+                                     # none: the launcher opts a non-portable width (> 8) in
 
     @property
     def name(self) -> str:

@@ -20,6 +20,8 @@ class Target:
     l2_prefetch_bytes: int       # most weight bytes one projection launch prefetches into L2 before
                                  # pdl_wait (kbpc.codegen.families._projection.prefetch_row_bytes);
                                  # 0: none (the W4A16 fast forms' PF = 0)
+    max_cluster: int = 8         # most CTAs a thread-block cluster may hold (8 is portable; Hopper's
+                                 # launches may opt into 16)
 
 
 # None on Hopper, measured: with a third of the L2 (16 MB a launch) the H200 step of the 128-expert
@@ -35,7 +37,7 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("sm_90", "H100 / H200 (Hopper)",
                ("-gencode=arch=compute_90a,code=sm_90a",), fp8_mma=True, fp4_block_mma=False, capability=(9, 0),
-               sms=132, l2_prefetch_bytes=L2_PREFETCH_HOPPER),
+               sms=132, l2_prefetch_bytes=L2_PREFETCH_HOPPER, max_cluster=16),
         Target("sm_100", "B200 / GB200 (Blackwell datacenter)",
                ("-gencode=arch=compute_100a,code=sm_100a",), fp8_mma=True, fp4_block_mma=False, capability=(10, 0),
                sms=148, l2_prefetch_bytes=L2_PREFETCH_UNMEASURED),

@@ -11,7 +11,8 @@ zero, as the runtime leaves state after a reset, and must be zero again after ev
 launches. Three launches go back to back with PDL and no host synchronisation, each on its own
 inputs and outputs but sharing the slots and the counters as graph replays do, then 40 more replays
 of one of them: a slot or counter left non-zero, or a tail that took another launch's partials,
-shows as wrong bits (or a trap). Shapes: the seed's boundary (4 streams x 4096) at the lowering's CTA
+shows as wrong bits (or a trap). The cluster form (one cluster of 8 or 16 CTAs a token) runs the
+same checks on shapes with D % 256 == 0. Shapes: the seed's boundary (4 streams x 4096) at the lowering's CTA
 shape, with the seed's combine (top 8) in front, and with seven chains a CTA; the tiny example's
 (4 x 256); odd-but-legal ones (D not a multiple of 256, N = 2, 3, 5, 2 and 3 ranks, 2 tokens,
 combines of 4 and 6 slots). The last-CTA form the kernel replaced (glm_mhc_boundary_lastcta.cuh,
@@ -44,6 +45,17 @@ BOUNDARY = [(4, 4096, 1, lower.CHAINS_PER_CTA, 1, ("post", "expand", "streams"),
             (5, 200, 1, 3, 2, ("post", "expand"), 0),
             (2, 1280, 3, 2, 2, ("post", "streams"), 0),
             (2, 1280, 1, 5, 2, ("post",), 6)]
+# The cluster form (kernels/glm_mhc_boundary_cluster.cuh; D % 256 == 0): (n_hc, d, ranks, cluster
+# width, tokens, stream sources, combine slots K)
+CLUSTERED = [(4, 4096, 1, lower.CLUSTER_WIDTH, 1, ("post", "expand", "streams"), 0),
+             (4, 4096, 1, lower.CLUSTER_WIDTH, 1, ("post",), 8),
+             (4, 4096, 2, 16, 2, ("post",), 0),
+             (4, 4096, 1, 8, 2, ("post", "expand"), 8),
+             (4, 256, 1, 16, 1, ("post", "expand"), 0),
+             (3, 512, 1, 16, 2, ("post", "streams"), 4),
+             (5, 256, 2, 16, 2, ("post", "expand"), 0),
+             (2, 1280, 3, 16, 2, ("post", "streams"), 0),
+             (2, 1280, 1, 8, 2, ("post",), 6)]
 # (n_hc, d, ranks, tokens, one_plus, post, combine slots K)
 HEAD = [(4, 4096, 1, 1, True, True, 0), (4, 4096, 1, 2, True, False, 0), (3, 100, 2, 2, False, True, 0),
         (5, 200, 1, 2, False, False, 0), (2, 1280, 3, 2, True, True, 0), (4, 4096, 1, 1, True, True, 8),
@@ -189,12 +201,25 @@ def _assert_rearmed(counters, work, what: str):
 @pytest.mark.parametrize("n,d,r,rpc,m,srcs,k", BOUNDARY,
                          ids=[f"{c[0]}x{c[1]}r{c[2]}c{c[3]}k{c[6]}" for c in BOUNDARY])
 def test_boundary_exact(n, d, r, rpc, m, srcs, k):
+    _exercise(n, d, r, m, srcs, k, rpc=rpc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,d,r,cl,m,srcs,k", CLUSTERED,
+                         ids=[f"{c[0]}x{c[1]}r{c[2]}cl{c[3]}k{c[6]}" for c in CLUSTERED])
+def test_cluster_boundary_exact(n, d, r, cl, m, srcs, k):
+    _exercise(n, d, r, m, srcs, k, cluster=cl)
+
+
+def _exercise(n, d, r, m, srcs, k, rpc=lower.CHAINS_PER_CTA, cluster=0):
+    """Three launches back to back on shared state, 40 replays, then the gates on the side; every
+    output bit-exact and the state re-armed."""
     gpu = _gpu()
     for src in srcs:
         seed = _seed()
         rng = np.random.default_rng(seed)
-        run = _launcher(lower.boundary_instance(n, d, SOURCES[src], r, rpc, slots=k))
-        grid, block = lower.boundary_grid(n, m, rpc), (lower.PRE_THREADS, 1, 1)
+        run = _launcher(lower.boundary_instance(n, d, SOURCES[src], r, rpc, slots=k, cluster=cluster))
+        grid, block = lower.boundary_grid(n, m, rpc, cluster), lower.boundary_block(n, cluster)
         counters, work = _state(gpu, n, m)
         iters = (20, 1, 3)
         sets = [Inputs(n, d, r, m, rng, k) for _ in iters]
@@ -274,9 +299,11 @@ def test_boundary_instances_compile(tmp_path, target):
 
     kernels = [lower.boundary_instance(n, d, SOURCES[s], r, rpc, slots=k) for n, d, r, rpc, _, srcs, k in BOUNDARY
                for s in srcs]
+    kernels += [lower.boundary_instance(n, d, SOURCES[s], r, slots=k, cluster=cl)
+                for n, d, r, cl, _, srcs, k in CLUSTERED for s in srcs]
     kernels += [lower.head_norm_instance(n, d, one_plus, post, r, slots=k) for n, d, r, _, one_plus, post, k in HEAD]
     src = tmp_path / "boundary.cu"
-    src.write_text('#include "glm_mhc_boundary.cuh"\n#include "glm_mhc_boundary_lastcta.cuh"\n' + "".join(
+    src.write_text('#include "glm_mhc_boundary_cluster.cuh"\n#include "glm_mhc_boundary_lastcta.cuh"\n' + "".join(
         f"template __global__ void {k.kernel}({k.params[0]});\n" for k in kernels)
         + "template __global__ void kbp::mhc::hc_boundary_lastcta<4, 4096, 1, 1, 4>(kbp::mhc::PreParams<4, 1, 0>);\n")
     compile_cuda(src, tmp_path / "boundary.cubin", get_target(target))

@@ -271,3 +271,40 @@ def test_boundary_limits(tiny_path, monkeypatch):
     monkeypatch.setattr(glm_mhc, "MAX_FLAT", 8)
     with pytest.raises(LoweringError, match="at most 8"):
         glm_mhc.lower(ctx, g)
+
+
+def test_cluster_form_switch(tiny_path, monkeypatch):
+    """With BOUNDARY_CLUSTER on, a boundary whose hidden size is a multiple of 256 lowers to one
+    16-CTA cluster a token on a target that allows it (same fields, no dynamic shared memory); off
+    (the measured default), on a target limited to portable clusters, or with a hidden size the
+    cluster form cannot split, it stays the slot form."""
+    plan, ctx = planned(str(tiny_path), fuse=True)
+    g = next(g for g in plan.groups if g.rule == "fused:hc_boundary")
+    n, d = _shape(ctx, g)
+    assert d % 256 == 0
+    slot = glm_mhc.lower(ctx, g)[0]
+    assert slot.instance.header == "glm_mhc_boundary.cuh" and slot.instance.cluster == 0
+    monkeypatch.setattr(glm_mhc, "BOUNDARY_CLUSTER", True)
+    launch = glm_mhc.lower(ctx, g)[0]
+    assert launch.instance.kernel == f"kbp::mhc::hc_boundary_cluster<{n}, {d}, 1, 1, 0, 16>"
+    assert (launch.instance.header, launch.instance.cluster) == ("glm_mhc_boundary_cluster.cuh", 16)
+    # one lane a tree thread of a chain, two chains a warp: ceil(((2+n)n + 1) / 2) warps
+    assert (launch.grid, launch.block, launch.smem) == ((16, 1, 1), (32 * -(-((2 + n) * n + 1) // 2), 1, 1), 0)
+    assert launch.args == slot.args and launch.nodes == slot.nodes
+    assert glm_mhc.boundary_cluster(n, d, max_cluster=8) == 0       # a portable-only target
+    assert glm_mhc.boundary_cluster(n, d + 128, max_cluster=16) == 0  # columns not whole tree threads
+    assert glm_mhc.boundary_cluster(8, d, max_cluster=16) == 0       # 81 chains: more than 1024 threads
+
+
+def test_launcher_opts_into_wide_clusters():
+    """The launcher of a kernel with a cluster wider than 8 CTAs opts it into the non-portable size;
+    no other launcher does; every launcher opts static + dynamic shared memory beyond 48 KB in."""
+    from kbpc.testing.launchers import render_launcher  # noqa: PLC0415
+
+    wide = render_launcher(glm_mhc.boundary_instance(4, 4096, 1, cluster=16))
+    narrow = render_launcher(glm_mhc.boundary_instance(4, 4096, 1, cluster=8))
+    slot = render_launcher(glm_mhc.boundary_instance(4, 4096, 1))
+    assert "cudaFuncAttributeNonPortableClusterSizeAllowed" in wide
+    assert "NonPortableCluster" not in narrow and "NonPortableCluster" not in slot
+    for tu in (wide, narrow, slot):
+        assert "smem + fa.sharedSizeBytes > 48 * 1024" in tu

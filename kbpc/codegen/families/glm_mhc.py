@@ -1,9 +1,13 @@
-"""glm_mhc: the hyper-connection groups (kernels/glm_mhc.cuh, kernels/glm_mhc_boundary.cuh), one
-launch each.
+"""glm_mhc: the hyper-connection groups (kernels/glm_mhc.cuh, kernels/glm_mhc_boundary.cuh,
+kernels/glm_mhc_boundary_cluster.cuh), one launch each.
 
-- A pre-mix group (linear:hc_mix + hc_pre + rms_norm) lowers to hc_boundary: mix GEMV, gates,
-  Sinkhorn, collapse and the site RMSNorm over 8 column groups x chains of CTAs with a last-CTA
-  tail. What the fusion pass merged in front of it picks where the streams come from:
+- A pre-mix group (linear:hc_mix + hc_pre + rms_norm) lowers to a boundary kernel: mix GEMV, gates,
+  Sinkhorn, collapse and the site RMSNorm, as hc_boundary (8 column groups x chains of producer
+  CTAs handing their partial sums to two tail CTAs through slots in global memory) or, with
+  BOUNDARY_CLUSTER on (off: measured slower), as hc_boundary_cluster (one cluster of CLUSTER_WIDTH
+  CTAs a token, partial sums through distributed shared memory; hidden a multiple of 256 on a target
+  allowing that width). What the fusion pass merged in front of it picks where the streams come
+  from:
   * nothing (glm_hc_pre_norm_c1_*): the streams buffer as it is (kSrcStreams);
   * the previous site's hc_post (fused:hc_boundary): its post-mix, computed in the kernel, which
     writes the post node's stream buffer (the next post-mix reads it) and mixes from it (kSrcPost);
@@ -13,9 +17,10 @@ launch each.
     post-mix's sublayer output computed in place by the combine (PreParams<N, 1, K>: the blend's
     operands, K routed slots, kernels/glm_moe_combine.cuh's moe_combine_sums); the blend's output
     never reaches memory.
-  The collapsed row is written only when its edge has a buffer; the per-row x_out counters
-  (`<hc_pre>.counters`) and the partial-sum hand-off slots (`<hc_pre>.work`) are state buffers
-  (kbpc.ir.state.hc_pre_state), zero at reset and left zero by every launch. With GATES_ASIDE the
+  The collapsed row is written only when its edge has a buffer; the slot form's per-row x_out
+  counters (`<hc_pre>.counters`) and partial-sum hand-off slots (`<hc_pre>.work`) are state buffers
+  (kbpc.ir.state.hc_pre_state), zero at reset and left zero by every launch (the cluster form has
+  them too and leaves them untouched). With GATES_ASIDE the
   boundary writes mu into `<hc_pre>.mix` and leaves the post gates, softmax and Sinkhorn to a second
   launch, hc_gates, marked aside for the post-mix that reads them (the launch pass issue_aside puts
   it on an extra stream); without it, mu is written only when its edge has a buffer and tail S runs
@@ -47,9 +52,11 @@ from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
 from kbpc.ir.state import StateBuffer, hc_pre_state
 from kbpc.reference.rms_norm import block_threads  # the final norm's reduction order
+from kbpc.targets import get_target
 
 HEADER = "glm_mhc.cuh"
 BOUNDARY_HEADER = "glm_mhc_boundary.cuh"
+CLUSTER_HEADER = "glm_mhc_boundary_cluster.cuh"
 ROW_THREADS = 32       # expand / post / head: D / 128 small CTAs spread a few KB over many SMs
 ROW_VEC = 4            # 16-byte FP32 stream accesses
 PRE_THREADS = 288      # kbp::mhc::kPreThreads: 256 tree threads + the Sinkhorn warp
@@ -67,6 +74,29 @@ STREAM_OPS = ("hc_post", "hc_expand")
 # 6.3 us after its output projection, the MoE combine boundary 10.2 -> 9.0 us after the routed down;
 # 90 launches more (bench/NOTES.md, sixteenth session).
 GATES_ASIDE = True
+# The boundary as one thread-block cluster a token (hc_boundary_cluster: partial sums through
+# distributed shared memory, no slot hand-off, no tail CTAs), CLUSTER_WIDTH CTAs, where the hidden
+# size is a multiple of the 256 tree threads and the target allows that width; the slot form
+# elsewhere. Off: measured slower on an H200 (128-expert seed shrink, 1k context, logits bit-equal):
+# 4.99-5.00 ms a step against 4.82 with the slot form, the boundary 7.3 us after the KDA output
+# projection against 5.8 and 10.7 us after the routed down against 8.7 (bench/NOTES.md,
+# twenty-seventh session). Kept, with its GPU tests, as the measured alternative.
+BOUNDARY_CLUSTER = False
+CLUSTER_WIDTH = 16
+
+
+def boundary_cluster(n: int, d: int, max_cluster: int) -> int:
+    """The boundary's cluster width for n_hc n and hidden size d on a target allowing max_cluster
+    CTAs, or 0 for the slot form."""
+    fits = d % 256 == 0 and max_cluster >= CLUSTER_WIDTH and cluster_threads(n, CLUSTER_WIDTH) <= 1024
+    return CLUSTER_WIDTH if BOUNDARY_CLUSTER and fits else 0
+
+
+def cluster_threads(n: int, cluster: int) -> int:
+    """kbp::mhc::cluster_boundary_threads(N, CL): one lane per tree thread of a chain, CL / 8 chains a
+    warp over the (2+N)N + 1 chains."""
+    per_warp = cluster // 8
+    return 32 * -(-((2 + n) * n + 1) // per_warp)
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -93,9 +123,14 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
 
 
 def boundary_instance(n: int, d: int, src: int, ranks: int = 1, rpc: int = CHAINS_PER_CTA,
-                      slots: int = 0) -> KernelInstance:
-    """kbp::mhc::hc_boundary<N, D, SRC, R, K, RPC>, taking one PreParams<N, R, K> by value (K > 0: the
-    post-mix's u is the MoE combine of K routed slots, computed in the kernel)."""
+                      slots: int = 0, cluster: int = 0) -> KernelInstance:
+    """kbp::mhc::hc_boundary<N, D, SRC, R, K, RPC>, or with a cluster width
+    kbp::mhc::hc_boundary_cluster<N, D, SRC, R, K, CL>, taking one PreParams<N, R, K> by value (K > 0:
+    the post-mix's u is the MoE combine of K routed slots, computed in the kernel)."""
+    if cluster:
+        return KernelInstance("glm_mhc", CLUSTER_HEADER,
+                              f"kbp::mhc::hc_boundary_cluster<{n}, {d}, {src}, {ranks}, {slots}, {cluster}>",
+                              (f"kbp::mhc::PreParams<{n}, {ranks}, {slots}>",), cluster=cluster)
     return KernelInstance("glm_mhc", BOUNDARY_HEADER,
                           f"kbp::mhc::hc_boundary<{n}, {d}, {src}, {ranks}, {slots}, {rpc}>",
                           (f"kbp::mhc::PreParams<{n}, {ranks}, {slots}>",))
@@ -107,10 +142,17 @@ def gates_instance(n: int) -> KernelInstance:
                           ("const float*", "const float*", "const float*", "float", "int", "float*", "float*"))
 
 
-def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA) -> tuple[int, int, int]:
+def boundary_grid(n: int, rows: int, rpc: int = CHAINS_PER_CTA, cluster: int = 0) -> tuple[int, int, int]:
     """kbp::mhc::boundary_ctas(N, RPC) CTAs per row: 8 column groups x the chains in groups of RPC
-    (the producers), then the two tails."""
+    (the producers), then the two tails; or one cluster of `cluster` CTAs per row."""
+    if cluster:
+        return cluster, rows, 1
     return COL_GROUPS * -(-((2 + n) * n + 1) // rpc) + TAIL_CTAS, rows, 1
+
+
+def boundary_block(n: int, cluster: int = 0) -> tuple[int, int, int]:
+    """kPreThreads for the slot form, cluster_boundary_threads(N, CL) for the cluster form."""
+    return (cluster_threads(n, cluster) if cluster else PRE_THREADS), 1, 1
 
 
 def head_norm_instance(n: int, d: int, weight_one_plus: bool, post: bool, ranks: int = 1,
@@ -270,9 +312,10 @@ def _boundary(ctx: LowerCtx, group: LoweredGroup, front: Node | None, blend: Nod
               ctx.buf(normed), ctx.buf(post, "float"), NULL if GATES_ASIDE else ctx.buf(comb, "float"), h,
               _state(ctx, work_state, "unsigned int", pre))
     nodes = tuple(nd.id for nd in (blend, front) if nd is not None) + (mix.id, pre.id, norm.id)
-    inst = boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks, slots=k)
-    boundary = Launch(inst, grid=boundary_grid(n, rows),
-                      block=(PRE_THREADS, 1, 1), smem=0, args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
+    cluster = boundary_cluster(n, d, get_target(ctx.plan.options.target).max_cluster)
+    inst = boundary_instance(n, d, SRC[front.op if front else None], ranks=ranks, slots=k, cluster=cluster)
+    boundary = Launch(inst, grid=boundary_grid(n, rows, cluster=cluster), block=boundary_block(n, cluster), smem=0,
+                      args=(Aggregate(params, fields),), group=group.id, nodes=nodes)
     if not GATES_ASIDE:
         return [boundary]
     readers = tuple(sorted({ctx.bp.node(t.dst).id for t in ctx.bp.outputs(pre.order) if t.id in (post.id, comb.id)}))
