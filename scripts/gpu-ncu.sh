@@ -6,7 +6,11 @@
 # the SASS source page with per-instruction counters (the reports too with KEEP_REPORTS=1); also
 # disassembles the cubins named in CUBINS (paths in the tree).
 # NCU_ARGS adds options (e.g. "--warp-sampling-interval 0" for fine warp-stall sampling of a short kernel).
+# With BUNDLE=NAME each argument is a REGEX instead: one launch of the matching kernels inside the
+# step, while `kbpc bench out/NAME.kbp --context ${CONTEXT:-1024}` runs (SKIP, default 8, counts that
+# kernel's launches: the step's first graph replays). bench/ncu_stalls.py reads the sass.csv pages.
 # Usage: scripts/gpu-ncu.sh "moe_slots (step form) moe gate_up=w4a4_gemv_moe_slots" ...
+#        BUNDLE=seed-e128 SKIP=40 NCU_ARGS="--warp-sampling-interval 0" scripts/gpu-ncu.sh hc_boundary
 #   (CASE=REGEX splits at the last "=", so a case name may hold one, e.g. "seq_reg cols=128=kda_recurrent")
 #   REGEX matches the name the profiler sees: a case launched through the product launcher keeps the
 #   kernel's own name; a case built from its own extern "C" wrapper (bench/kernels_*.py's _mod) is
@@ -20,10 +24,15 @@ i=0
 for spec in "$@"; do
     case_="${spec%=*}"; regex="${spec##*=}"; i=$((i + 1))   # split at the last "=": case names hold "=" (cph=2)
     rep="$W/ncu/k$i"
+    if [ -n "${BUNDLE:-}" ]; then
+        regex="$spec"; case_="out/$BUNDLE.kbp"
+        run=(python3 -m kbpc.cli bench "out/$BUNDLE.kbp" $TRUST --context "${CONTEXT:-1024}" --runs 3)
+    else
+        run=(python3 bench/kernels.py --only "$case_" --reps 2 --batch 4)
+    fi
     # shellcheck disable=SC2086
     timeout "${NCU_LIMIT:-150}" "$NCU" --set "${NCU_SET:-full}" ${NCU_ARGS:-} --target-processes all -k "regex:$regex" \
-        -s "${SKIP:-8}" -c 1 -f -o "$rep" python3 bench/kernels.py --only "$case_" --reps 2 --batch 4 \
-        > "$rep.run.log" 2>&1
+        -s "${SKIP:-8}" -c 1 -f -o "$rep" "${run[@]}" > "$rep.run.log" 2>&1
     echo "== $i: $case_ / $regex: exit $?"
     "$NCU" -i "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
     "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 || true
