@@ -384,9 +384,14 @@ __device__ __forceinline__ void collapse_norm(const P& p, const float* mu, const
                                               const float (&gam)[(D + kTreeThreads - 1) / kTreeThreads],
                                               float* red, float* total, Stream stream) {
     constexpr int QD = (D + kTreeThreads - 1) / kTreeThreads;
+    // The pre gates once, in N threads, through red (free until the tree below): each is an exp in
+    // double, and 256 threads computing all N of them queue on the SM's FP64 units.
+    if (tid < N) red[tid] = sigmoid_f32(ab[0] * mu[tid] + ab[3 + tid]) + p.eps_hc;
+    bar_tree();
     float pre[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) pre[i] = sigmoid_f32(ab[0] * mu[i] + ab[3 + i]) + p.eps_hc;
+    for (int i = 0; i < N; ++i) pre[i] = red[i];
+    bar_tree();  // every thread has its gates before red takes the partials
     float y[QD];
     float ss = 0.0f;
 #pragma unroll

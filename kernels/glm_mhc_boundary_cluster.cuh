@@ -103,7 +103,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     __shared__ __align__(16) float xs[KPT * TPC];  // xs[j * TPC + l]: element tt(l) + 256 j
     __shared__ float ys[COLS];                      // collapsed values, [q][l]
     __shared__ float lv[CHAINS + 1][TPC];           // per-tree-thread sums the cluster reads
-    __shared__ float s_ab[3 + ROWS], s_dot[CHAINS], s_mu[ROWS];
+    __shared__ float s_ab[3 + ROWS], s_dot[CHAINS], s_mu[ROWS], s_pre[N];
     __shared__ float s_r;
 
     cg::cluster_group cluster = cg::this_cluster();
@@ -204,6 +204,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     if (tid < CHAINS) {
         const int r = job_row(tid);
         if (r >= 0 && r < ROWS) s_mu[r] = s_dot[r] * rsqrt_f32(s_dot[ROWS] / (float)(N * D) + p.eps_n);
+        if (tid < N) s_pre[tid] = sigmoid_f32(s_ab[0] * s_mu[tid] + s_ab[3 + tid]) + p.eps_hc;  // job tid: row tid
     }
     __syncthreads();
 
@@ -213,7 +214,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     {
         float pre[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) pre[i] = sigmoid_f32(s_ab[0] * s_mu[i] + s_ab[3 + i]) + p.eps_hc;
+        for (int i = 0; i < N; ++i) pre[i] = s_pre[i];
 #pragma unroll
         for (int s = 0; s < CIT; ++s) {
             const int e = tid + THREADS * s;
