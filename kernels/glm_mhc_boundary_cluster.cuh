@@ -41,7 +41,10 @@
 // samples wait at the barrier after the stream loads, which only 4 of the 13 warps issue, and an
 // eighth in the prologue's 64 Phi loads a lane (load-queue throttle); the slot form spreads the same
 // loads over 58 SMs. Staging Phi in shared memory by cp.async instead ran slower still (5.09-5.11
-// ms). bench/NOTES.md, twenty-seventh session.
+// ms). Probes ending the kernel after the chains end it 3.9 us after ready (the slot boundary 6.2):
+// the 3.7 us after barrier #1 lose, measured while every thread still computed the N pre gates (an
+// exp in double each); they now come from the N threads that compute the pre rows' mu, not yet
+// measured in the step. bench/NOTES.md, twenty-seventh session.
 #pragma once
 
 #include <cooperative_groups.h>

@@ -80,7 +80,9 @@ GATES_ASIDE = True
 # elsewhere. Off: measured slower on an H200 (128-expert seed shrink, 1k context, logits bit-equal):
 # 4.99-5.00 ms a step against 4.82 with the slot form, the boundary 7.3 us after the KDA output
 # projection against 5.8 and 10.7 us after the routed down against 8.7 (bench/NOTES.md,
-# twenty-seventh session). Kept, with its GPU tests, as the measured alternative.
+# twenty-seventh session; its loads and chains ended 2.3 us before the slot form's whole boundary,
+# the path after its first cluster barrier lost). Measured before the collapse's pre gates moved to
+# N threads, which cut that path too: re-measure before anything else. Kept, with its GPU tests.
 BOUNDARY_CLUSTER = False
 CLUSTER_WIDTH = 16
 
