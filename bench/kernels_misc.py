@@ -276,7 +276,8 @@ def _fused_boundary_cases() -> list[Case]:
 def _pdl_boundary_cases() -> list[Case]:
     """The seed-shape boundaries through the product launcher (kbpc.testing.launchers) with PDL, back
     to back: each launch's Phi load overlaps the previous launch, as in the step; the last-CTA form
-    beside the current one, without and with the combine in front."""
+    and the cluster form (BOUNDARY_CLUSTER, off in the product) beside the current one, without and
+    with the combine in front."""
     def make(form: str):
         def setup():
             from kbpc.codegen.families import glm_mhc as lower  # noqa: PLC0415
@@ -285,14 +286,17 @@ def _pdl_boundary_cases() -> list[Case]:
             from kbpc.testing.launchers import launcher  # noqa: PLC0415
             from kbpc.testing.structs import pack_struct  # noqa: PLC0415
             st = _PreState(True)
-            k = TOPK if form == "combine" else 0
+            k = TOPK if form in ("combine", "cluster combine") else 0
+            cluster = lower.CLUSTER_WIDTH if form.startswith("cluster") else 0
+            block = lower.boundary_block(N, cluster)
             if form == "old":
                 inst = KernelInstance("glm_mhc", "glm_mhc_boundary_lastcta.cuh",
                                       f"kbp::mhc::hc_boundary_lastcta<{N}, {D}, 1, 1, 4>",
                                       (f"kbp::mhc::PreParams<{N}, 1, 0>",))
                 grid = (_boundary_ctas(4, 0), 1, 1)
             else:
-                inst, grid = lower.boundary_instance(N, D, 1, 1, 4, slots=k), lower.boundary_grid(N, 1, 4)
+                inst = lower.boundary_instance(N, D, 1, 1, 4, slots=k, cluster=cluster)
+                grid = lower.boundary_grid(N, 1, 4, cluster)
             run = launcher(inst)
             branch = ([("ptr", st.w), ("ptr", None), ("ptr", None), ("ptr", st.experts), ("ptr", st.shared)] if k
                       else [("ptr", st.u)])
@@ -309,13 +313,17 @@ def _pdl_boundary_cases() -> list[Case]:
                 if form == "two":
                     blend((D // (64 * 8), 1, 1), (64, 1, 1), st.w, None, None, st.experts, st.shared, st.u,
                           pdl=True, sync=False)
-                run(grid, (PRE_THREADS, 1, 1), params[i % st.n], pdl=True, sync=False)
+                run(grid, block, params[i % st.n], pdl=True, sync=False)
             return launch
         return setup
     return [Case("glm_mhc::hc_boundary_lastcta post+pre_norm, PDL", "before; 56 CTAs", _FUSED, make("old")),
             Case("glm_mhc::hc_boundary post+pre_norm, PDL", "58 CTAs", _FUSED, make("new")),
             Case("glm_mhc::hc_boundary combine+post+pre_norm, PDL", f"top {TOPK}", _FUSED - D * 2 + _COMBINE,
                  make("combine")),
+            Case("glm_mhc::hc_boundary_cluster post+pre_norm, PDL", "one 16-CTA cluster (off in the product)",
+                 _FUSED, make("cluster")),
+            Case("glm_mhc::hc_boundary_cluster combine+post+pre_norm, PDL", f"16 CTAs, top {TOPK}",
+                 _FUSED - D * 2 + _COMBINE, make("cluster combine")),
             Case("glm_moe_combine + glm_mhc::hc_boundary, PDL", f"2 launches, top {TOPK}", _FUSED + _COMBINE + D * 2,
                  make("two"))]
 
