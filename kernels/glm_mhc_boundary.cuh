@@ -182,6 +182,15 @@ __device__ __forceinline__ float boundary_chain(const float* xs, const __nv_bflo
     return acc + __shfl_down_sync(0xffffffffu, acc, 16);  // first tree level: t + 128 onto t
 }
 
+// The previous site's post gates and comb of token t (kSrcPost; zeros otherwise), for pair_streams.
+template <int N, int SRC, class P>
+__device__ __forceinline__ void post_gates_in(const P& p, size_t t, float (&pin)[N], float (&cin)[N * N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) pin[i] = SRC == kSrcPost ? ld_step(p.post_in + t * N + i) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < N * N; ++i) cin[i] = SRC == kSrcPost ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
+}
+
 // The loads of two neighbouring columns k, k + 1 of token t: xv[i] stream i's pair (kSrcExpand: the
 // BF16 row widened, in xv[0]) and, for kSrcPost, uv the sublayer output u.
 template <int N, int D, int SRC, class P>
@@ -224,10 +233,7 @@ __device__ __forceinline__ void producer_streams(const P& p, size_t t, int g, bo
     constexpr int ND = N * D, KPT = (ND + kTreeThreads - 1) / kTreeThreads;
     constexpr bool kStore = SRC != kSrcStreams;
     float pin[N], cin[N * N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) pin[i] = SRC == kSrcPost ? ld_step(p.post_in + t * N + i) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < N * N; ++i) cin[i] = SRC == kSrcPost ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
+    post_gates_in<N, SRC>(p, t, pin, cin);
     if constexpr (D % kTreeThreads == 0) {
         // Element i QD + q of tree thread tt is stream i at column tt + 256 q. Pair pi is the
         // neighbouring columns of lanes 2c, 2c + 1 (c = pi % 16, one run) at step q = pi / 16.

@@ -117,6 +117,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     const int tt = cluster_tree_thread<CL>(c, l);
     const bool gates_here = p.comb != nullptr;
     auto column = [&](int e) { return cluster_tree_thread<CL>(c, e % TPC) + kTreeThreads * (e / TPC); };
+    auto xs_at = [&](int i, int e) -> float* { return xs + (i * QD + e / TPC) * TPC + e % TPC; };  // stream i, column e
 
     pdl_launch_dependents();
     // Before the wait: this lane's Phi row (the sum-of-squares lanes and the idle chain read the
@@ -135,13 +136,10 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     pdl_wait();
 
     // 1. The streams of the CTA's columns (neighbouring column pairs, every load first), post-mixed
-    //    into xs and x_out.
+    //    into xs (x_out is stored from there at the end).
     {
         float pin[N], cin[N * N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) pin[i] = SRC == kSrcPost ? ld_step(p.post_in + t * N + i) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < N * N; ++i) cin[i] = SRC == kSrcPost ? ld_step(p.comb_in + t * N * N + i) : 0.0f;
+        post_gates_in<N, SRC>(p, t, pin, cin);
         float2 xv[PIT][N];
         float uv[PIT][2];
 #pragma unroll
@@ -154,14 +152,10 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
         for (int it = 0; it < PIT; ++it) {
             const int pi = tid + THREADS * it;
             if (pi >= PAIRS) break;
-            const int e = 2 * pi, l0 = e % TPC, q = e / TPC;
             float o[2][N];
             pair_streams<N, SRC>(xv[it], uv[it], pin, cin, o);
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const float2 v = make_float2(o[0][i], o[1][i]);
-                *reinterpret_cast<float2*>(xs + (i * QD + q) * TPC + l0) = v;
-            }
+            for (int i = 0; i < N; ++i) *reinterpret_cast<float2*>(xs_at(i, 2 * pi)) = make_float2(o[0][i], o[1][i]);
         }
     }
     __syncthreads();
@@ -225,7 +219,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
             if (e >= COLS) continue;
             float terms[N];
 #pragma unroll
-            for (int i = 0; i < N; ++i) terms[i] = pre[i] * xs[(i * QD + e / TPC) * TPC + e % TPC];
+            for (int i = 0; i < N; ++i) terms[i] = pre[i] * *xs_at(i, e);
             y[s] = round_bf16(tree_n<N>(terms));
             ys[e] = y[s];
         }
@@ -261,8 +255,7 @@ __device__ __forceinline__ void hc_boundary_cluster_body(const PreParams<N, R, K
     if constexpr (SRC != kSrcStreams) {
         for (int pi = tid; pi < N * PAIRS; pi += THREADS) {
             const int i = pi / PAIRS, e = 2 * (pi % PAIRS);
-            const float2 v = *reinterpret_cast<const float2*>(xs + (i * QD + e / TPC) * TPC + e % TPC);
-            *reinterpret_cast<float2*>(p.x_out + (t * N + i) * D + column(e)) = v;
+            *reinterpret_cast<float2*>(p.x_out + (t * N + i) * D + column(e)) = *reinterpret_cast<const float2*>(xs_at(i, e));
         }
     }
     if (p.mix != nullptr && c + CL * tid < ROWS) p.mix[t * ROWS + c + CL * tid] = s_mu[c + CL * tid];
