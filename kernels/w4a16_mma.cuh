@@ -40,8 +40,12 @@
 //   times the scale s * 2^7 (exact); the activation row is scaled by a power of two 2^e chosen per
 //   CTA so that max|x| 2^e lies in [2^14, 2^15), then rounded to FP16 (exact unless |x| < max|x|
 //   2^-31; error <= 2^-25 2^-e otherwise). Warp w of KS takes the 128-wide K chunks c = w (mod KS);
-//   each chunk is 8 chained MMAs into the warp's FP32 accumulator (the MMA's internal order is
-//   unspecified); the KS warp partials are added in warp order and y = rn_bf16(f32(P 2^(7-e)) s_g).
+//   each chunk is 8 MMAs into two FP32 accumulators, each code word's first MMA into one and its
+//   second into the other (the MMA's internal order is unspecified), added once at the end: two
+//   dependency chains of half the length (H200, 128-expert seed shrink, 1k, against one chain:
+//   KDA sublayer -0.2 us in replay timelines, `kbpc bench` -0.6% at 1k and -0.3% at 16k over two
+//   calls, the MMA kernels' own end times within 0.2 us; bench/NOTES.md, twenty-eighth session);
+//   the KS warp partials are added in warp order and y = rn_bf16(f32(P 2^(7-e)) s_g).
 //   Bound (kbpc.reference.gemv_bounds.w4a16_mma_bound): |y - y_ref| <= c eps sum_k |w_nk x_k| + the
 //   BF16 roundings, c derived there from the chain lengths.
 // Layout: lane (g = lane/4, t = lane%4) loads 16 code bytes of rows g and g+8 per chunk (32 codes
@@ -231,9 +235,10 @@ __device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* cg, c
     }
 }
 
-// The 8 MMAs of one chunk: code word i of rows g / g+8 (group i/2) against x blocks 16c + 4t + i.
+// The 8 MMAs of one chunk: code word i of rows g / g+8 (group i/2) against x blocks 16c + 4t + i,
+// its first MMA into d and its second into e.
 __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_t (&sc)[2], const uint4* xs, int c,
-                                             int t, float (&d)[4]) {
+                                             int t, float (&d)[4], float (&e)[4]) {
     constexpr uint32_t S128 = 0x58005800u;  // FP16 pair (128, 128)
     const uint32_t sg2 = hmul2_u32(e4m3x2_to_f16x2(sc[0]), S128), s82 = hmul2_u32(e4m3x2_to_f16x2(sc[1]), S128);
     const uint32_t wg[4] = {cw[0].x, cw[0].y, cw[0].z, cw[0].w};
@@ -248,7 +253,7 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
         const uint4 xb = xs[w4a16f_slot(16 * c + 4 * t + i)];
         mma_f16_m16n8k16(d, hmul2_u32(pg[0], selg), hmul2_u32(p8[0], sel8), hmul2_u32(pg[1], selg),
                          hmul2_u32(p8[1], sel8), xb.x, xb.y);
-        mma_f16_m16n8k16(d, hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8), hmul2_u32(pg[3], selg),
+        mma_f16_m16n8k16(e, hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8), hmul2_u32(pg[3], selg),
                          hmul2_u32(p8[3], sel8), xb.z, xb.w);
     }
 }
@@ -283,7 +288,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     pdl_wait();
     pdl_launch_dependents();   // see the header
     const float unscale = stage();
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // the two MMA chains
 #pragma unroll
     for (int b = 0; b < NBATCH; ++b) {
         W4A16FBatch nxt;
@@ -291,11 +296,11 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
 #pragma unroll
         for (int i = 0; i < W4A16F_BATCH; ++i) {
             const int c = ks + KS * (b * W4A16F_BATCH + i);
-            if (b * W4A16F_BATCH + i < PER && c < NCH) w4a16f_chunk(cur.c[i], cur.s[i], xs, c, t, d);  // warp-uniform
+            if (b * W4A16F_BATCH + i < PER && c < NCH) w4a16f_chunk(cur.c[i], cur.s[i], xs, c, t, d, e);  // warp-uniform
         }
         if (b + 1 < NBATCH) cur = nxt;
     }
-    if (t == 0) { part[warp][g] = d[0]; part[warp][g + 8] = d[2]; }
+    if (t == 0) { part[warp][g] = d[0] + e[0]; part[warp][g + 8] = d[2] + e[2]; }
     __syncthreads();
     return unscale;
 }

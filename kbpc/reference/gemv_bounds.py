@@ -18,9 +18,11 @@ operations whose partial sums are bounded by S errs by at most n u S):
   17 addends (C and 16 products) to the largest exponent, keep at least 24 bits and truncate, so one
   MMA errs by less than 17 * 2u * max|addend| + 2u |result| <= 36 u (|C| + sum |p|) (truncation costs
   2u where rounding costs u); a chain of n MMAs into one accumulator errs by at most 36 n u S.
-- w4a16_mma (kernels/w4a16_mma.cuh): n = 8 ceil(ceil(K/128) / KS) MMAs per warp, KS - 1 ordered
-  FP32 adds of the warp partials, one rounding by s_g (the 2^(7-e) factor is exact):
-  c = 36 n + KS + c_ref. The activation is rounded to FP16 after scaling by 2^e with max|x| 2^e in
+- w4a16_mma (kernels/w4a16_mma.cuh): n = 8 ceil(ceil(K/128) / KS) MMAs per warp, dealt to
+  two accumulators (each code word's first MMA into one, its second into the other: an MMA's error
+  is bounded by its own addends, so the chains' errors add up to the one-chain bound), their add,
+  KS - 1 ordered FP32 adds of the warp partials, one rounding by s_g (the 2^(7-e) factor is exact):
+  c = 36 n + 1 + KS + c_ref. The activation is rounded to FP16 after scaling by 2^e with max|x| 2^e in
   [2^14, 2^15): exact unless |x_k| 2^e < 2^-17, and then off by at most 2^-25 2^-e, which adds
   2^-25 2^-e s_g sum_k |q_nk s_nk| (2^-e = 2^-14 max|x| at most, or 2^-126 when e is clamped).
 
@@ -46,7 +48,7 @@ the 8-value-walk down GEMV on the FP32 act row), bounded phase by phase:
   u^ move, zero where clamped throughout), r = 2^-21 the relative error of its FP32 evaluation
   (expf within 2 ulp, three rounded operations: 7u), a = 2^-120 max(1, L) where exp(-g) overflows.
 - phase 1 stages act * 2^e as FP16 (max|act| 2^e in [2^14, 2^15)): off by at most
-  2^-11 |act| + 2^-25 2^-e; the down MMA chain has c = 36 n + KS1 + c_ref8 with c_ref8 =
+  2^-11 |act| + 2^-25 2^-e; the down MMA chains have c = 36 n + 1 + KS1 + c_ref8 with c_ref8 =
   9 + 8 ceil(I/512) the reference's 8-value walk (the weight product f32(q f32(s_g s)): 2u; 8 FMAs per
   512-wide vector step of each of 64 lanes; the shuffle tree and two-warp add; second order), so
   |y_fast - y_ref| <= c u sum_k |W_nk| (|act_k| + e_k) + sum_k |W_nk| e_k before the BF16 roundings,
@@ -67,6 +69,7 @@ from kbpc.reference.w4a16_gemv import silu_input, w4a16_gemv
 
 U = 2.0 ** -24
 MMA_STEP = 36          # error of one tensor-core MMA in units of u (|C| + sum |products|)
+MMA_CHAINS = 2         # accumulators of kernels/w4a16_mma.cuh's MMAs (w4a16f_chunk: d and e), added at the end
 LANES, TREE = 64, 6    # the reference's lane walk: 64 lanes, 5 shuffle levels + the two-warp add
 SILU_LIP = 1.1         # max |silu'| = 1.0998 (at 2.3994)
 SWIGLU_F32_REL = 2.0 ** -21   # relative error of the FP32 act expression (expf within 2 ulp + 3 roundings)
@@ -81,7 +84,7 @@ def w4a16_ref_c(k: int) -> float:
 def w4a16_mma_c(k: int, ks: int) -> float:
     """c of kernels/w4a16_mma.cuh with KS warps splitting K, plus the reference's."""
     mmas = 8 * math.ceil(math.ceil(k / 128) / ks)
-    return MMA_STEP * mmas + ks + w4a16_ref_c(k)
+    return MMA_STEP * mmas + MMA_CHAINS - 1 + ks + w4a16_ref_c(k)
 
 
 def w4a16_vec8_ref_c(k: int) -> float:
@@ -91,7 +94,7 @@ def w4a16_vec8_ref_c(k: int) -> float:
 
 def w4a16_mma_act_c(k: int, ks: int) -> float:
     """c of the fast pair's phase 1 (w4a16_mma's chain on the staged act row) plus the vec8 reference's."""
-    return MMA_STEP * 8 * math.ceil(math.ceil(k / 128) / ks) + ks + w4a16_vec8_ref_c(k)
+    return MMA_STEP * 8 * math.ceil(math.ceil(k / 128) / ks) + MMA_CHAINS - 1 + ks + w4a16_vec8_ref_c(k)
 
 
 def _nvfp4_abs(packed, scales, global_scale) -> np.ndarray:

@@ -5,16 +5,16 @@ Bound of the fast form (derived in kbpc/reference/gemv_bounds.py, checked per ou
 
     |y_mma - y_ref| <= c u S_n + 2^-25 2^-e s_g sum_k |q_nk s_nk| + ulp_bf16(max(|y_mma|, |y_ref|))
 
-with u = 2^-24, S_n = sum_k |W_nk x_k| (W the dequantized weight) and c = 36 n + KS + c_ref:
-n = 8 ceil(ceil(K/128) / KS) chained m16n8k16 MMAs per warp, each erring by at most 36 u times the
+with u = 2^-24, S_n = sum_k |W_nk x_k| (W the dequantized weight) and c = 36 n + 1 + KS + c_ref: n =
+8 ceil(ceil(K/128) / KS) m16n8k16 MMAs per warp in two chains, each erring by at most 36 u times the
 sum of its addends' magnitudes (17 addends aligned to the largest and truncated to >= 24 bits, the
-worst behaviour measured on tensor cores; the PTX ISA specifies none), KS - 1 ordered FP32 adds of
-the warp partials and one rounding by s_g; c_ref = 18 + ceil(K/1024) + 6 is the reference's own
-chain (16 FMAs per chunk, the scale product, the lane accumulator, the shuffle tree). The middle term
-is the activation's rounding to FP16 after the power-of-two scaling (zero unless |x_k| is below
-max|x| 2^-31). Beyond the bound, >= 90% of outputs must equal the reference's BF16 bits (the fast
-path is FP32-accurate, so only near-ties may round differently): a check that the kernel is not
-merely within a loose bound but computes the same dot product.
+worst behaviour measured on tensor cores; the PTX ISA specifies none), the chains' add, KS - 1
+ordered FP32 adds of the warp partials and one rounding by s_g; c_ref = 18 + ceil(K/1024) + 6 is the
+reference's own chain (16 FMAs per chunk, the scale product, the lane accumulator, the shuffle
+tree). The middle term is the activation's rounding to FP16 after the power-of-two scaling (zero
+unless |x_k| is below max|x| 2^-31). Beyond the bound, >= 90% of outputs must equal the reference's
+BF16 bits (the fast path is FP32-accurate, so only near-ties may round differently): a check that
+the kernel is not merely within a loose bound but computes the same dot product.
 """
 from __future__ import annotations
 

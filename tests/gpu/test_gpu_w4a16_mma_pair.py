@@ -5,7 +5,7 @@ launchers with the lowering's instance, grids and blocks (kbpc.codegen.families.
 Bounds (derived in kbpc/reference/gemv_bounds.py, checked per output with `within`: the bound plus
 one BF16 ulp of the larger magnitude):
 - w4a16_mma_f32_input on an FP32 row act: w4a16_mma_act_bound(act, 0, W, KS): the down MMA chain
-  (c = 36 n + KS + c_ref8, c_ref8 the reference's 8-value walk) plus the row's FP16 staging
+  (c = 36 n + 1 + KS + c_ref8, c_ref8 the reference's 8-value walk) plus the row's FP16 staging
   (2^-11 |act_k| + 2^-25 2^-e per element).
 - the pair: shared_pair_fast_bound(x, gate_up, down, L, KS0, KS1): phase 0's w4a16_mma bound and
   the BF16 rounding pair give each g_i, u_i an error d_i; the act row moves by at most
