@@ -1,9 +1,9 @@
 // glm_mla_decode_fast.cuh: the `fast`-numerics form of the sparse MLA decode (family
 // glm_mla_decode; the exact form and its order are kernels/glm_mla_decode.cuh). The attended
 // entries are dealt to S slices; a CTA computes one slice's partial softmax state for HPC heads in
-// FP32 with its own accumulation order, and the last-arriving CTA of each head group merges the S
-// partials in slice order: one cross-CTA round trip, and the bits do not depend on which CTA
-// finishes last (every CTA's arithmetic is fixed, the merge order too).
+// FP32 with its own accumulation order; once the S CTAs of a head group have published their
+// partials (an arrival barrier), each merges a share of the group's outputs, the S partials in slice
+// order, so the bits do not depend on which CTA merges what (every output's arithmetic is fixed).
 //
 // Launch contract
 //   glm_mla_decode_fast<E, HPC><<<dim3(S, H / HPC, rows), MLA_FAST_THREADS,
@@ -12,13 +12,14 @@
 //   q, cache, block_table, page_size, sel, width, seq_len, s_k, out: as glm_mla_decode_split
 //   chunk        entries staged per round trip of a CTA, 1 .. MLA_FAST_THREADS
 //   partials     float [rows][S][H][E + 4]   per slice and head: o (E), m, l, 2 pad (scratch)
-//   counters     uint32_t [rows][H / HPC]    arrivals per head group; zero at launch, left zero
+//   counters     uint32_t [rows][H / HPC][2] arrive and depart counts per head group; zero at
+//                                            launch, left zero
 //   E a multiple of 512; HPC in {1, 2, 4}; H a multiple of HPC.
 //   glm_mla_decode_fast_quant<E, HPC>(same arguments..., codes, scales, sync)   (fusion rule
 //   mla_attend_quant) also quantizes each output row to per-token FP8 as w8a8_act_quant_row<H*E>
 //   would (the same bytes): codes uint8 [rows][H*E], scales float [rows], sync uint32
-//   [rows][H/HPC + 2] (per head group one amax slot, then arrive and depart counts; zero at launch,
-//   the counts left zero). `out` (BF16, the bits the unfused form writes) may be nullptr here.
+//   [rows][S*H/HPC + 2] (an amax slot per CTA of the row, then arrive and depart counts; zero at
+//   launch, the counts left zero). `out` (BF16, the bits the unfused form writes) may be nullptr.
 //
 // Math (explain.families.glm_mla_decode) in this form's order; slice s takes selection entries
 // s, s + S, s + 2S, ... (strided, so skipped tails spread over all slices), `chunk` at a time:
@@ -31,21 +32,23 @@
 // - per head: m' = max(m, max_j z_j), a = exp(m - m') (0 while m = -inf), p_j = exp(z_j - m'),
 //   l = fl(l a) + (lane-strided sequential sums of p_j, xor butterfly), o_c = fl(o_c a), then
 //   o_c = fma(p_j, c^_jc, o_c) over the chunk's rows in order (thread t owns channels CPT t ..);
-// - merge (last CTA of the head group): M = max_s m_s, f_s = exp(m_s - M) (0 for an empty slice),
-//   L = sum_s fl(l_s f_s), O_c = sum_s fl(o_sc f_s) in slice order; out = rn_bf16(fl(fl(O_c s_k) / L)),
-//   zeros when L = 0 (no valid entry).
-// Quantizer (the fused form): each head group's merging CTA takes the max |y| of its BF16 outputs,
-// publishes it in its slot and arrives; once every group has arrived (a spin: every merging CTA is
-// resident, being the last running CTA of its group, and the grid's other CTAs have all started
-// before any dependent may launch, so none waits for an SM a spinner holds) each takes the row's
-// max over the slots (order-free), s = fp8_scale(max), and encodes its own outputs
-// (sat_e4m3(clamp(y / s)), w8a8_act_quant.cuh's expression); group 0 stores s. The last CTA to
-// depart zeroes the counts. Each CTA encodes HPC * E values, 8 a thread at the seed's shape,
-// instead of a quantizer launch after the decode's grid.
+// - merge (output i of a head group by CTA i / mla_fast_share): M = max_s m_s, f_s = exp(m_s - M)
+//   (0 for an empty slice), L = sum_s fl(l_s f_s), O_c = sum_s fl(o_sc f_s) in slice order;
+//   out = rn_bf16(fl(fl(O_c s_k) / L)), zeros when L = 0 (no valid entry).
+// Quantizer (the fused form): each CTA takes the max |y| of its share's BF16 outputs, publishes it
+// in its slot and arrives; once all S * H / HPC CTAs of the row have arrived, each takes the row's
+// max over the slots (order-free), s = fp8_scale(max), and encodes its share (sat_e4m3(clamp(y /
+// s)), w8a8_act_quant.cuh's expression); CTA 0 stores s. Both barriers spin: all of the grid's
+// CTAs are resident together, since dependents launch only once every CTA has started and nothing
+// else waits for this grid, so none waits for an SM a spinner holds; a lost arrival traps.
 // exp is kbp::exp_f32, the exact form's. The bound against the reference, per output, is
 // kbpc/reference/glm_mla_decode_fast.py (fast_bound), tested in tests/gpu/test_gpu_mla_decode_fast.py.
 // PDL: every step input is read after pdl_wait() through ld_step or cp.async.cg (L2); dependents are
-// released right after the wait (they launch only once every CTA of this grid has started).
+// released right after the wait (they launch only once every CTA of this grid has started). At the
+// seed's shape a CTA holds 174 registers a thread, so the DSA output projection's CTAs (128) find
+// room only as the decode's CTAs exit; capped at 128 (two CTAs an SM) they loaded their weights
+// during the decode, which then took 2-3 us longer: DSA sublayer -1.0 us at 1k, +0.2 to +1.0 at 16k
+// against this form (H200, 128-expert seed shrink, replay timelines; bench/NOTES.md, 29th session).
 #pragma once
 
 #include "dsa_indexer_common.cuh"   // transpose_reduce
@@ -59,9 +62,14 @@ constexpr int MLA_FAST_THREADS = 256;
 constexpr int MLA_FAST_WARPS = MLA_FAST_THREADS / 32;
 
 // Dynamic shared memory: staged rows (chunk x E bytes), z then p per row and head, the compacted
-// cache rows, and the merge's factors, m and l per head and slice.
+// cache rows, the merge's factors and products per head and slice, and the CTA's merged outputs
+// (BF16 bits, for the fused quantizer).
+// Outputs of its head group's HPC E that each of the S CTAs merges (a multiple of 8).
+__host__ __device__ constexpr int mla_fast_share(int e, int hpc, int slices) {
+    return ((hpc * e + slices - 1) / slices + 7) / 8 * 8;
+}
 __host__ __device__ constexpr size_t mla_fast_smem_bytes(int e, int hpc, int chunk, int slices) {
-    return (size_t)chunk * (e + 4 * hpc + 4) + (size_t)12 * hpc * slices;
+    return (size_t)chunk * (e + 4 * hpc + 4) + (size_t)8 * hpc * slices + (size_t)2 * mla_fast_share(e, hpc, slices);
 }
 
 // 16 E4M3 codes (one uint4) -> their exact FP32 values.
@@ -125,164 +133,162 @@ __device__ __forceinline__ void mla_codes_n(const uint8_t* p, float (&v)[CPT]) {
     }
 }
 
-// The last CTA of a head group: merge the S partials in slice order and write the output (its
-// values, as the BF16 stored, also in y). Every partial is read once, in as few dependent L2 round
-// trips as the registers allow: each (head, slice) pair's m and l by one thread into `ml` (2 HPC S
-// floats of shared memory), and each thread's o
-// values MERGE_BATCH slices at a time, the next batch's loads issued before the current one is
-// summed; the first batch goes out before the barriers that form M, the factors and L. The sums
-// are the ones below in slice order, so the bits do not depend on how the loads are scheduled.
-constexpr int MLA_MERGE_BATCH = 4;
+// The merge, spread over the head group's S CTAs: once all S have published (an arrival barrier
+// per head group), CTA s merges the group's outputs [s P, s P + P) (mla_fast_share: P = HPC E / S
+// rounded up to 8), each output by one thread: its S partial values loaded mla_share_batch at a
+// time, summed in slice order. Warps W-1-h (the warps that hold no output at the seed's shape) form
+// head h's factors beside those loads: M = max_s m_s, f_s = exp(m_s - M) (0 for an empty slice),
+// L = sum_s fl(l_s f_s) in slice order. The operations and their order per output are the
+// single-CTA merge's, so the bits do not depend on which CTA merges. (Before, the group's last CTA
+// merged all of its outputs: 128 partial values a thread at the seed's shape, in four dependent L2
+// round trips.)
+constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
 
-template <int E, int HPC>
-__device__ __forceinline__ void mla_fast_merge_load(const float* part, int u0, int slices, size_t slice_stride,
-                                                    float2 (&x)[MLA_MERGE_BATCH][HPC][E / MLA_FAST_THREADS / 2]) {
-    constexpr int CPT = E / MLA_FAST_THREADS;
-    constexpr size_t PS = E + 4;
-#pragma unroll
-    for (int b = 0; b < MLA_MERGE_BATCH; ++b)
-#pragma unroll
-        for (int h = 0; h < HPC; ++h)
-#pragma unroll
-            for (int c = 0; c < CPT; c += 2)
-                x[b][h][c / 2] = u0 + b < slices
-                    ? __ldcg(reinterpret_cast<const float2*>(part + (u0 + b) * slice_stride + h * PS +
-                                                             threadIdx.x * CPT + c))
-                    : make_float2(0.0f, 0.0f);
+// Slices a thread loads at once: 16 (one batch at the seed's 16 slices); 8 for HPC 2, which ptxas
+// holds at 128 registers and which spilled 40 bytes at 16.
+__host__ __device__ constexpr int mla_share_batch(int hpc) { return hpc == 2 ? 8 : 16; }
+
+// Arrival barrier of `total` CTAs on cnt[0] (arrive) and cnt[1] (depart), both zero at launch and
+// left zero: after it, every CTA sees what the others wrote before arriving (read through L2). All
+// `total` CTAs are resident together: dependents launch only once every CTA of the grid has
+// started (pdl_launch_dependents right after pdl_wait), and nothing else waits for this grid.
+__device__ __forceinline__ void mla_barrier(uint32_t* cnt, uint32_t total) {
+    __syncthreads();   // the CTA's global writes before thread 0's fence (cumulative)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(cnt, 1u) + 1u < total)
+            for (long long n = 0; ld_acquire_gpu(cnt) < total; ++n)
+                if (n > kMlaSpinLimit) __trap();   // a CTA never arrived: a bug, never a hang
+        __threadfence();
+        if (atomicAdd(cnt + 1, 1u) == total - 1u) {   // every CTA is past its spin
+            cnt[0] = 0u;
+            cnt[1] = 0u;
+        }
+    }
+    __syncthreads();
 }
 
+// Loads slices u0 .. u0 + B - 1 (< slices) of one output (o at offset `off` of a slice's partial
+// block; a row's partials span far less than 2^31 floats).
+template <int B>
+__device__ __forceinline__ void mla_share_load(const float* part, size_t off, int u0, int slices,
+                                               size_t slice_stride, float (&x)[B]) {
+    const float* p = part + (size_t)u0 * slice_stride + off;
+    const int n = slices - u0;
+#pragma unroll
+    for (int b = 0; b < B; ++b) x[b] = b < n ? __ldcg(p + b * (int)slice_stride) : 0.0f;
+}
+
+// Head h's factors, by warp W-1-h (called by warps W-HPC .. W-1 only): fmerge[h][s] = f_s and
+// l_sh[h] = L (ml: [HPC][S] scratch).
 template <int E, int HPC>
-__device__ __forceinline__ void mla_fast_merge(const float* part, int slices, size_t slice_stride, float s_k,
-                                               float* fmerge, float* ml, float* m_sh, float* l_sh,
-                                               __nv_bfloat16* dst, float (&y)[HPC][E / MLA_FAST_THREADS]) {
-    constexpr int CPT = E / MLA_FAST_THREADS, B = MLA_MERGE_BATCH;
+__device__ __forceinline__ void mla_fast_factors(const float* part, int slices, size_t slice_stride,
+                                                 float* fmerge, float* ml, float* l_sh) {
     constexpr size_t PS = E + 4;
-    const int t = threadIdx.x, pairs = HPC * slices;
-    for (int i = t; i < pairs; i += MLA_FAST_THREADS) {   // pair i: head i / slices, slice i % slices
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(part + (i % slices) * slice_stride +
-                                                                (i / slices) * PS + E));
-        ml[i] = v.x;
-        ml[pairs + i] = v.y;
+    const int lane = threadIdx.x & 31, h = MLA_FAST_WARPS - 1 - (threadIdx.x >> 5);   // < HPC
+    float m = -INFINITY;
+    for (int u = lane; u < slices; u += 32) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(part + (size_t)u * slice_stride + h * PS + E));
+        fmerge[h * slices + u] = v.x;
+        ml[h * slices + u] = v.y;
+        m = fmaxf(m, v.x);
     }
-    float2 x[B][HPC][CPT / 2];
-    mla_fast_merge_load<E, HPC>(part, 0, slices, slice_stride, x);
-    __syncthreads();
-    if (t < HPC) {
-        float m = -INFINITY;
-        for (int u = 0; u < slices; ++u) m = fmaxf(m, ml[t * slices + u]);
-        m_sh[t] = m;
+    m = warp_max_xor(m);   // max is order-free
+    for (int u = lane; u < slices; u += 32) {
+        const float mu = fmerge[h * slices + u];
+        const float f = mu == -INFINITY ? 0.0f : exp_f32(mu - m);
+        fmerge[h * slices + u] = f;
+        ml[h * slices + u] = ml[h * slices + u] * f;
     }
-    __syncthreads();
-    for (int i = t; i < pairs; i += MLA_FAST_THREADS) {
-        const float m = ml[i];
-        fmerge[i] = m == -INFINITY ? 0.0f : exp_f32(m - m_sh[i / slices]);
-    }
-    __syncthreads();
-    if (t < HPC) {
+    __syncwarp();
+    if (lane == 0) {
         float l = 0.0f;
-        for (int u = 0; u < slices; ++u) l = l + ml[pairs + t * slices + u] * fmerge[t * slices + u];
-        l_sh[t] = l;
+        for (int u = 0; u < slices; ++u) l = l + ml[h * slices + u];
+        l_sh[h] = l;
     }
-    float acc[HPC][CPT];
-    mla_zero(acc);
-    for (int u0 = 0; u0 < slices; u0 += B) {
-        float2 cur[B][HPC][CPT / 2];
+}
+
+// This CTA's share of the head group's merge (see above): outputs [lo, hi) of the group's HPC E,
+// written to dst (BF16, may be nullptr) and, for the fused quantizer (QUANT), as BF16 bits to
+// ys[i - lo]; then returns the largest |y| of the thread's outputs.
+template <int E, int HPC, bool QUANT>
+__device__ __forceinline__ float mla_fast_merge_share(const float* part, int slices, size_t slice_stride,
+                                                      float s_k, int lo, int hi, float* fmerge, float* ml,
+                                                      float* l_sh, __nv_bfloat16* dst, uint16_t* ys) {
+    constexpr size_t PS = E + 4;
+    constexpr int B = mla_share_batch(HPC);
+    const int t = threadIdx.x;
+    // The factor warps form the factors while the others load their first output's first batch.
+    const bool factors = MLA_FAST_WARPS - 1 - (t >> 5) < HPC, early = !factors && lo + t < hi;
+    float x[B];
+    if (factors)
+        mla_fast_factors<E, HPC>(part, slices, slice_stride, fmerge, ml, l_sh);
+    else if (early)
+        mla_share_load(part, ((lo + t) / E) * PS + (lo + t) % E, 0, slices, slice_stride, x);
+    __syncthreads();   // fmerge, l_sh
+    float amax = 0.0f;
+    for (int i = lo + t; i < hi; i += MLA_FAST_THREADS) {
+        const int h = i / E;
+        const size_t off = (size_t)h * PS + i % E;
+        float acc = 0.0f;
+        for (int u0 = 0; u0 < slices; u0 += B) {
+            if (u0 > 0 || i != lo + t || !early) mla_share_load(part, off, u0, slices, slice_stride, x);
 #pragma unroll
-        for (int b = 0; b < B; ++b)
-#pragma unroll
-            for (int h = 0; h < HPC; ++h)
-#pragma unroll
-                for (int c = 0; c < CPT / 2; ++c) cur[b][h][c] = x[b][h][c];
-        if (u0 + B < slices) mla_fast_merge_load<E, HPC>(part, u0 + B, slices, slice_stride, x);
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            if (u0 + b >= slices) break;
-#pragma unroll
-            for (int h = 0; h < HPC; ++h) {
-                const float f = fmerge[h * slices + u0 + b];
-#pragma unroll
-                for (int c = 0; c < CPT; c += 2) {
-                    acc[h][c] = acc[h][c] + cur[b][h][c / 2].x * f;
-                    acc[h][c + 1] = acc[h][c + 1] + cur[b][h][c / 2].y * f;
-                }
-            }
+            for (int b = 0; b < B; ++b)
+                if (u0 + b < slices) acc = acc + x[b] * fmerge[h * slices + u0 + b];
         }
-    }
-    __syncthreads();   // l_sh
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) {
         const float l = l_sh[h];
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) {
-            const __nv_bfloat16 b = f32_to_bf16(l > 0.0f ? (acc[h][c] * s_k) / l : 0.0f);
-            if (dst != nullptr) dst[(size_t)h * E + t * CPT + c] = b;
-            y[h][c] = bf16_to_f32(b);
+        const __nv_bfloat16 y = f32_to_bf16(l > 0.0f ? (acc * s_k) / l : 0.0f);
+        if (dst != nullptr) dst[i] = y;
+        if constexpr (QUANT) {
+            ys[i - lo] = __bfloat16_as_ushort(y);
+            amax = fmaxf(amax, fabsf(bf16_to_f32(y)));
         }
     }
+    return amax;
 }
 
 // Where the fused quantizer writes (see the launch contract).
 struct MlaQuantOut {
     uint8_t* codes;    // [rows][H*E]
     float* scales;     // [rows]
-    uint32_t* sync;    // [rows][groups + 2]
+    uint32_t* sync;    // [rows][ctas + 2]: an amax slot per CTA of the row, then arrive and depart
 };
 
-constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
-
-__device__ __forceinline__ uint32_t mla_load_acquire(const uint32_t* p) { return ld_acquire_gpu(p); }
-
-// The merging CTA of head group hg of row r: the row's per-token FP8 scale from every group's max,
-// then this group's codes (heads hg*HPC.., y from mla_fast_merge).
+// The row's per-token FP8 scale from every CTA's max (all S * G CTAs of row r), then this CTA's
+// codes: outputs [lo, hi) of head group hg, their BF16 bits in ys.
 template <int E, int HPC>
-__device__ __forceinline__ void mla_fast_quant(const float (&y)[HPC][E / MLA_FAST_THREADS], int hg, int groups,
-                                               int r, const MlaQuantOut& qo) {
-    constexpr int CPT = E / MLA_FAST_THREADS;
-    static_assert(CPT % 2 == 0, "codes stored in pairs");
+__device__ __forceinline__ void mla_fast_quant(float amax, const uint16_t* ys, int lo, int hi, int hg, int cta,
+                                               int ctas, int r, const MlaQuantOut& qo) {
     __shared__ float red[MLA_FAST_WARPS];
     __shared__ float scale_sh;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    float m = 0.0f;
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) m = fmaxf(m, fabsf(y[h][c]));
-    m = warp_max_xor(m);
-    if (lane == 0) red[warp] = m;
+    uint32_t* sync = qo.sync + (size_t)r * (ctas + 2);
+    float* slots = reinterpret_cast<float*>(sync);
+    amax = warp_max_xor(amax);
+    if (lane == 0) red[warp] = amax;
     __syncthreads();
     if (t == 0) {
-        uint32_t* sync = qo.sync + (size_t)r * (groups + 2);
-        float* slots = reinterpret_cast<float*>(sync);
         float cm = red[0];
 #pragma unroll
         for (int w = 1; w < MLA_FAST_WARPS; ++w) cm = fmaxf(cm, red[w]);
-        __stcg(slots + hg, cm);
-        __threadfence();
-        atomicAdd(sync + groups, 1u);
-        for (long long n = 0; mla_load_acquire(sync + groups) < (uint32_t)groups; ++n)
-            if (n > kMlaSpinLimit) __trap();   // a group never arrived: a bug, never a hang
+        __stcg(slots + cta, cm);
+    }
+    mla_barrier(sync + ctas, (uint32_t)ctas);
+    if (warp == 0) {   // the row's max over the slots (order-free)
         float g = 0.0f;
-        for (int i = 0; i < groups; ++i) g = fmaxf(g, __ldcg(slots + i));
-        scale_sh = fp8_scale(g);
-        if (atomicAdd(sync + groups + 1, 1u) == (uint32_t)groups - 1) {   // every group is past its spin
-            sync[groups] = 0u;
-            sync[groups + 1] = 0u;
-        }
+        for (int i = lane; i < ctas; i += 32) g = fmaxf(g, __ldcg(slots + i));
+        g = warp_max_xor(g);
+        if (lane == 0) scale_sh = fp8_scale(g);
     }
     __syncthreads();
     const float s = scale_sh;
-    const size_t H = (size_t)groups * HPC;
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) {
-        uint8_t* dst = qo.codes + ((size_t)r * H + (size_t)hg * HPC + h) * E + t * CPT;
-#pragma unroll
-        for (int c = 0; c < CPT; c += 2) {
-            const uint8_t lo = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y[h][c], s), -448.0f), 448.0f));
-            const uint8_t hi = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y[h][c + 1], s), -448.0f), 448.0f));
-            *reinterpret_cast<uint16_t*>(dst + c) = (uint16_t)(lo | (hi << 8));
-        }
+    uint8_t* dst = qo.codes + ((size_t)r * gridDim.y + hg) * HPC * E;
+    for (int i = lo + t; i < hi; i += MLA_FAST_THREADS) {
+        const float y = bf16_to_f32(__ushort_as_bfloat16(ys[i - lo]));
+        dst[i] = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y, s), -448.0f), 448.0f));
     }
-    if (hg == 0 && t == 0) qo.scales[r] = s;
+    if (cta == 0 && t == 0) qo.scales[r] = s;
 }
 
 template <int E, int HPC, bool QUANT = false>
@@ -298,8 +304,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     constexpr size_t PS = E + 4;
     extern __shared__ __align__(16) uint8_t mla_fast_dyn[];
     __shared__ int warp_count[MLA_FAST_WARPS];
-    __shared__ float fa[HPC], m_sh[HPC], l_sh[HPC];
-    __shared__ int last_flag;
+    __shared__ float fa[HPC], l_sh[HPC];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int s = blockIdx.x, slices = gridDim.x, hg = blockIdx.y, groups = gridDim.y, r = blockIdx.z;
     const int H = groups * HPC;
@@ -307,7 +312,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     MlaFactors<HPC>* zp = reinterpret_cast<MlaFactors<HPC>*>(mla_fast_dyn + (size_t)chunk * E);
     int* rows = reinterpret_cast<int*>(mla_fast_dyn + (size_t)chunk * (E + 4 * HPC));
     float* fmerge = reinterpret_cast<float*>(rows + chunk);   // [HPC][S]
-    float* merge_ml = fmerge + HPC * gridDim.x;                // [2][HPC][S]: m, then l
+    float* merge_ml = fmerge + HPC * gridDim.x;                // [HPC][S]: l f per slice
 
     ::kbp::pdl_wait();   // q, sel, this step's cache row and seq_len: written by earlier kernels
     ::kbp::pdl_launch_dependents();
@@ -391,7 +396,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
         __syncthreads();   // the chunk's rows, factors and row list are rewritten next
     }
 
-    // Publish this slice's partial, count the arrival; the last CTA of the head group merges.
+    // Publish this slice's partial; once the head group's S CTAs have, each merges its share.
     float* mine_p = partials + (((size_t)r * slices + s) * H + hg * HPC) * PS;
 #pragma unroll
     for (int h = 0; h < HPC; ++h)
@@ -402,22 +407,14 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
         __stcg(mine_p + warp * PS + E, m_run);
         __stcg(mine_p + warp * PS + E + 1, l_run);
     }
-    __threadfence();
-    __syncthreads();
-    if (t == 0) {
-        uint32_t* cnt = counters + (size_t)r * groups + hg;
-        const uint32_t old = atomicAdd(cnt, 1u);
-        last_flag = old == (uint32_t)(slices - 1);
-        if (last_flag) *cnt = 0u;   // every slice arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!last_flag) return;
-    __threadfence();
-    float y[HPC][CPT];
-    mla_fast_merge<E, HPC>(partials + ((size_t)r * slices * H + hg * HPC) * PS, slices, (size_t)H * PS, s_k, fmerge,
-                           merge_ml, m_sh, l_sh,
-                           out == nullptr ? nullptr : out + ((size_t)r * H + hg * HPC) * E, y);
-    if constexpr (QUANT) mla_fast_quant<E, HPC>(y, hg, groups, r, qo);
+    mla_barrier(counters + 2 * ((size_t)r * groups + hg), (uint32_t)slices);
+    const int share = mla_fast_share(E, HPC, slices);
+    const int lo = min(HPC * E, s * share), hi = min(HPC * E, lo + share);
+    uint16_t* ys = reinterpret_cast<uint16_t*>(merge_ml + HPC * slices);
+    const float amax = mla_fast_merge_share<E, HPC, QUANT>(
+        partials + ((size_t)r * slices * H + hg * HPC) * PS, slices, (size_t)H * PS, s_k, lo, hi, fmerge, merge_ml,
+        l_sh, out == nullptr ? nullptr : out + ((size_t)r * H + hg * HPC) * E, ys);
+    if constexpr (QUANT) mla_fast_quant<E, HPC>(amax, ys, lo, hi, hg, hg * slices + s, slices * groups, r, qo);
 }
 
 template <int E, int HPC>

@@ -105,14 +105,15 @@ def _router(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
 def mla_fast_state(attend: Node, rows: int, heads: int, latent: int,
                    split: FastSplit) -> tuple[StateBuffer, StateBuffer, StateBuffer]:
     """The fast MLA decode's scratch (kernels/glm_mla_decode_fast.cuh): per row, slice and head a
-    partial state (o, m, l, pad), an arrival counter per row and head group, and per row the fused
-    output quantizer's words (rule mla_attend_quant: an amax slot per head group, arrive, depart;
-    48 bytes a row at the seed's shape, kept whether or not the rule applies)."""
+    partial state (o, m, l, pad), arrive and depart counts per row and head group, and per row the
+    fused output quantizer's words (rule mla_attend_quant: an amax slot per CTA, arrive, depart;
+    520 bytes a row at the seed's shape, kept whether or not the rule applies)."""
     width, groups = latent + PARTIAL_PAD, heads // split.hpc
+    ctas = split.slices * groups
     return (StateBuffer(f"{attend.id}.partials", rows * split.slices * heads * width * 4,
                         (rows, split.slices, heads, width), "f32"),
-            StateBuffer(f"{attend.id}.counters", rows * groups * 4, (rows, groups), "i32"),
-            StateBuffer(f"{attend.id}.quant_sync", rows * (groups + 2) * 4, (rows, groups + 2), "i32"))
+            StateBuffer(f"{attend.id}.counters", rows * groups * 2 * 4, (rows, groups, 2), "i32"),
+            StateBuffer(f"{attend.id}.quant_sync", rows * (ctas + 2) * 4, (rows, ctas + 2), "i32"))
 
 
 def mla_fast_split(bp: Blueprint, attend: Node, options: Options) -> FastSplit:

@@ -2,8 +2,8 @@
 and its error bound against the reference order (kbpc.reference.glm_mla_decode.mla_decode).
 
 Split: S slices x H/HPC head groups x rows CTAs; slice s takes entries s, s + S, ... `chunk` at a
-time (the rows staged per round trip); the last CTA of a head group merges the S partials in slice
-order. S fills the target's SMs once (a single wave) but gives no slice fewer than MIN_SLICE entries,
+time (the rows staged per round trip); once a head group's S CTAs have published their partials,
+each merges a share of the group's outputs, the S partials in slice order. S fills the target's SMs once (a single wave) but gives no slice fewer than MIN_SLICE entries,
 since each slice adds a partial the merge reads.
 
 Bound. Let v*_j = s_k c^_j (exact), z*_j = sigma <q, v*_j> with sigma = fl(1/sqrtf(E)) (both forms
@@ -56,9 +56,14 @@ class FastSplit:
     def grid(self, heads: int, rows: int) -> tuple[int, int, int]:
         return (self.slices, heads // self.hpc, rows)
 
+    def share(self, latent: int) -> int:
+        """mla_fast_share: outputs of its head group each CTA merges (a multiple of 8)."""
+        return (-(-self.hpc * latent // self.slices) + 7) // 8 * 8
+
     def smem_bytes(self, latent: int) -> int:
-        """mla_fast_smem_bytes: rows, z/p per row and head, row ids, the merge's factors, m and l."""
-        return self.chunk * (latent + 4 * self.hpc + 4) + 12 * self.hpc * self.slices
+        """mla_fast_smem_bytes: rows, z/p per row and head, row ids, the merge's factors and products,
+        the CTA's merged outputs (BF16)."""
+        return self.chunk * (latent + 4 * self.hpc + 4) + 8 * self.hpc * self.slices + 2 * self.share(latent)
 
 
 def fast_split(heads: int, width: int, rows: int, sms: int, latent: int) -> FastSplit:

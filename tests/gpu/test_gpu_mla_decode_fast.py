@@ -77,7 +77,7 @@ def _decode_fast(heads, width, seq_len, kind="mixed", rows=1, e=512, split=None,
         sel[-1] = -1
     s_k = F32(rng.choice([1.0, 0.5, 1.3]))
     partials = gpu.poisoned((rows, split.slices, heads, e + PARTIAL_PAD), np.float32)
-    counters = gpu.to_gpu(np.zeros((rows, heads // split.hpc), np.uint32))
+    counters = gpu.to_gpu(np.zeros((rows, heads // split.hpc, 2), np.uint32))
     args = (gpu.to_gpu(bf16_bits(q)), gpu.to_gpu(cache), gpu.to_gpu(table), page, gpu.to_gpu(sel), width,
             gpu.to_gpu(np.array([seq_len], np.int32)), s_k, split.chunk)
     bits = []
@@ -112,8 +112,9 @@ def _check_fused(split, e, heads, rows, args, want_bits):
     run = launcher(lower_mla.fast_instance(e, split.hpc, True))
     groups = heads // split.hpc
     partials = gpu.poisoned((rows, split.slices, heads, e + PARTIAL_PAD), np.float32)
-    counters = gpu.to_gpu(np.zeros((rows, groups), np.uint32))
-    sync = gpu.to_gpu(np.zeros((rows, groups + 2), np.uint32))
+    ctas = split.slices * groups
+    counters = gpu.to_gpu(np.zeros((rows, groups, 2), np.uint32))
+    sync = gpu.to_gpu(np.zeros((rows, ctas + 2), np.uint32))
     want_codes, want_scales = quant_row(bf16_from_bits(want_bits).reshape(rows, heads * e))
     for keep_bf16 in (True, False):
         out = gpu.poisoned((rows, heads, e), np.uint16) if keep_bf16 else None
@@ -124,7 +125,7 @@ def _check_fused(split, e, heads, rows, args, want_bits):
             np.testing.assert_array_equal(gpu.fetch(out), want_bits, "the fused form's BF16 output differs")
         np.testing.assert_array_equal(gpu.fetch(codes), want_codes, "codes differ from w8a8_act_quant_row's")
         np.testing.assert_array_equal(gpu.fetch(scales), want_scales, "scales differ from w8a8_act_quant_row's")
-        assert not counters.get().any() and not sync.get()[:, groups:].any(), "arrival counts not back at zero"
+        assert not counters.get().any() and not sync.get()[:, ctas:].any(), "arrival counts not back at zero"
 
 
 @pytest.mark.parametrize("heads,width,seq_len,kind", [

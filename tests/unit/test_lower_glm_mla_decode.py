@@ -83,8 +83,10 @@ def test_decode_launch_fast(tiny_path):
         assert launch.instance.kernel == f"kbp::glm_mla_decode_fast<{e}, {split.hpc}>"
         assert launch.instance.header == "glm_mla_decode_fast.cuh"
         assert launch.grid == (split.slices, heads // split.hpc, 1) and launch.block == (256, 1, 1)
-        # staged rows, z/p per row and head, row ids; the merge's factors, m and l per head and slice
-        assert launch.smem == split.chunk * (e + 4 * split.hpc + 4) + 12 * split.hpc * split.slices
+        # staged rows, z/p per row and head, row ids; the merge's factors and products per head and
+        # slice; the CTA's share of merged outputs as BF16 (a multiple of 8)
+        share = -(-(-(-split.hpc * e // split.slices)) // 8) * 8
+        assert launch.smem == split.chunk * (e + 4 * split.hpc + 4) + 8 * split.hpc * split.slices + 2 * share
         assert len(launch.args) == len(launch.instance.params) == 12
         _common_args(ctx, plan, node, launch.args[:8])
         chunk, out, partials, counters = launch.args[8:]
@@ -94,7 +96,8 @@ def test_decode_launch_fast(tiny_path):
         state = {s.name: s for s in plan.state}
         assert state[f"{node.id}.partials"].shape == (1, split.slices, heads, e + 4)
         assert state[f"{node.id}.partials"].nbytes == split.slices * heads * (e + 4) * 4
-        assert state[f"{node.id}.counters"].nbytes == heads // split.hpc * 4
+        assert state[f"{node.id}.counters"].shape == (1, heads // split.hpc, 2)   # arrive, depart
+        assert state[f"{node.id}.quant_sync"].shape == (1, split.slices * heads // split.hpc + 2)
         assert f"{node.id}.merge" not in state
 
 

@@ -7,7 +7,7 @@ group instead of once per head, and the grid fills the GPU; the partial states a
 CTAs by the order's halving tree, so the output is bit-exact: the `exact` form. Numerics `fast`
 takes kernels/glm_mla_decode_fast.cuh instead: slices of the selection x head groups, one flat
 merge in slice order, within kbpc/reference/glm_mla_decode_fast.py's bound; with the output's
-per-token FP8 quantizer in its group (fusion rule mla_attend_quant) the merging CTAs also write the
+per-token FP8 quantizer in its group (fusion rule mla_attend_quant) the CTAs also write the
 quantized row (glm_mla_decode_fast_quant, the bytes w8a8_act_quant_row writes). Either form's
 scratch is state of the attend node (kbpc/ir/state.py, kind latent:read)."""
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _lower_fast(ctx: LowerCtx, group: LoweredGroup, a: _Attend) -> list[Launch]:
     and the scratch from kbpc/ir/state.py, the bound kbpc/reference/glm_mla_decode_fast.py)."""
     split = mla_fast_split(ctx.bp, a.node, ctx.plan.options)
     partials, counters = state_buffer(ctx, f"{a.node.id}.partials"), state_buffer(ctx, f"{a.node.id}.counters")
-    if partials.shape[:3] != (a.rows, split.slices, a.heads) or counters.shape != (a.rows, a.heads // split.hpc):
+    if partials.shape[:3] != (a.rows, split.slices, a.heads) or counters.shape != (a.rows, a.heads // split.hpc, 2):
         raise LoweringError(f"fast decode state {partials.shape} / {counters.shape} does not fit {a.rows} rows of "
                             f"{a.heads} heads in {split.slices} slices", f"node {a.node.id}")
     quant = [n for n in ctx.nodes(group) if n.op_base == "act_quant"]
@@ -120,7 +120,7 @@ def _lower_fast(ctx: LowerCtx, group: LoweredGroup, a: _Attend) -> list[Launch]:
             raise LoweringError("the fused quantizer must read the decode's output and write fp8/token",
                                 f"node {qnode.id}")
         sync = state_buffer(ctx, f"{a.node.id}.quant_sync")
-        if sync.shape != (a.rows, a.heads // split.hpc + 2):
+        if sync.shape != (a.rows, split.slices * (a.heads // split.hpc) + 2):
             raise LoweringError(f"quantizer sync state {sync.shape} does not fit {a.rows} rows", f"node {a.node.id}")
         codes = ctx.quant(qout)
         args = (*args, codes.codes, codes.scales, ctx.state(sync.name, "uint32_t"))
