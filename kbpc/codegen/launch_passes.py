@@ -11,6 +11,7 @@ from kbpc.codegen.collectives import place_collectives as _place
 from kbpc.codegen.context import LoweringError
 from kbpc.codegen.records import Collective, GroupCode, Launch, StepProgram
 from kbpc.ir.plan import Options
+from kbpc.targets import get_target
 
 LaunchPass = Callable[[StepProgram, Options], StepProgram]
 
@@ -85,15 +86,23 @@ def mark_priority(step: StepProgram, options: Options) -> StepProgram:
     """Launch priority: the launches of the groups the schedule puts on the modelled critical path
     (ScheduledGroup.urgent) are issued at the device's highest priority, so where kernels of
     several streams wait for SMs, the block scheduler places theirs first (a side branch such as
-    the query up-projection then yields to the index select). The runtime instantiates the step's
-    graph with node priorities; priority never changes what a kernel computes. With
-    options.pdl off (the plain baseline), no launch is marked."""
+    the query up-projection then yields to the index select). So are the small launches (at most
+    one CTA an SM of the target) on any stream: a latency-bound link of a side branch, such as the
+    DSA index key's norm and store that the index select waits for, otherwise queues behind every
+    pending CTA of a large grid launched before it (the query up-projection's 1024), while placing
+    it first costs that grid one CTA slot for a few microseconds (H200, 128-expert seed shrink,
+    replay timelines at 16k: the index store ended 13.5 us after the DSA layer's opening boundary
+    instead of 17.0, the DSA sublayer 78.5 instead of 80.1 us; at 1k 61.3 instead of 61.9;
+    bench/NOTES.md, twenty-ninth session). The runtime instantiates the step's graph with node
+    priorities; priority never changes what a kernel computes. With options.pdl off (the plain
+    baseline), no launch is marked."""
     if not options.pdl:
         return step
+    small = get_target(options.target).sms
     groups = []
     for g in step.groups:
-        launches = tuple(dataclasses.replace(l, priority=g.urgent) if not isinstance(l, Collective) else l
-                         for l in g.launches)
+        launches = tuple(dataclasses.replace(l, priority=g.urgent or l.grid[0] * l.grid[1] * l.grid[2] <= small)
+                         if not isinstance(l, Collective) else l for l in g.launches)
         groups.append(dataclasses.replace(g, launches=launches))
     return dataclasses.replace(step, groups=tuple(groups))
 
