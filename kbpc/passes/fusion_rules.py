@@ -215,14 +215,15 @@ FUSION_RULES: tuple[FusionRule, ...] = (
                "row: one segment-list launch reads the input once"),
     FusionRule("mla_attend_quant", "glm_mla_decode", ("mla_attention", "act_quant"), "mla_attention",
                "the per-token FP8 quantizer of the output projection's input runs in the fast MLA decode's "
-               "merging CTAs (glm_mla_decode_fast_quant: a head group's max, one arrival of the groups, each "
-               "encodes its own heads): one launch and one dependency fewer per DSA layer, the same bytes",
+               "CTAs (glm_mla_decode_fast_quant: each CTA's max of its merged share, one arrival of the row's "
+               "CTAs, each encodes its share): one launch and one dependency fewer per DSA layer, the same bytes",
                _attend_then_fp8_quant, numerics="fast", default=False,
                off_by_default_why="no faster in the step on an H200 (128-expert seed shrink, 1k context, replay "
-                                  "timelines interleaved, logits bit-equal): the quantized row is ready 3.1 us "
-                                  "sooner (47.6 against 50.8 us after the boundary), but the output projection, "
-                                  "bound by its 67 MB weight stream, ends 0.7 us later (67.9 against 67.2), DSA "
-                                  "attention 74.6 against 73.2 / 73.6 us (bench/NOTES.md, seventeenth session)"),
+                                  "timelines interleaved, logits bit-equal): the quantized row is ready 4.8 us "
+                                  "sooner, but the output projection, whose CTAs find no room beside the decode's "
+                                  "and so load none of its 67 MB early, ends 22.1 us after it instead of 17 after "
+                                  "the separate quantizer: DSA sublayer 61.07 / 61.39 against 59.85 / 61.50 us "
+                                  "(bench/NOTES.md, twenty-ninth session; the seventeenth measured the same)"),
     FusionRule("rms_norm_fp8_quant", "rms_norm", ("rms_norm", "act_quant"), "rms_norm",
                "the per-token FP8 quantizer runs on the normed row in registers, in the norm's launch",
                _norm_then_fp8_quant),
