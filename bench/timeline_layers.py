@@ -8,7 +8,11 @@ the median, lowest and highest span.
 With --chain, per kind also every launch of the sublayer in launch order (named by its rule, the
 n-th of that rule inside the sublayer) with the median time it ends after the opening boundary's
 end (and its stream): where along the sublayer each kernel finishes, e.g. the router, the gate/up,
-the quantizer, the down and the combine boundary of a MoE sublayer.
+the quantizer, the down and the combine boundary of a MoE sublayer. With --starts as well, each
+launch shows its median start too (its first CTA's, so a kernel resident early under PDL starts
+before its inputs are ready): a link that starts late although its predecessor ended long before
+waits for SMs (at 16k the DSA index store started 3.9 us after the index key's norm had ended,
+behind the query up-projection's CTAs; bench/NOTES.md, twenty-ninth session).
 
 With --kernel TEXT, for every launch whose kernel name contains TEXT: when it starts after it is
 ready (everything it depends on has ended: the timeline's `late_us`, as bench/timeline_delays.py
@@ -25,7 +29,7 @@ With --json, for any number of timelines, one JSON object per file in a list: it
 per-kind table and the per-kind chains (what a variant summary in bench/results records).
 
     python3 bench/timeline_layers.py TIMELINE.json [OTHER.json]   # two files: side by side
-    python3 bench/timeline_layers.py --chain TIMELINE.json [OTHER.json]
+    python3 bench/timeline_layers.py --chain [--starts] TIMELINE.json [OTHER.json]
     python3 bench/timeline_layers.py --kernel glm_mla_decode TIMELINE.json [OTHER.json...]
     python3 bench/timeline_layers.py --neighbours hc_boundary TIMELINE.json [OTHER.json...]
     python3 bench/timeline_layers.py --json TIMELINE.json...
@@ -70,17 +74,18 @@ def sublayers(kernels: list[dict]) -> list[tuple[str, float]]:
     return out
 
 
-def launch_chains(kernels: list[dict]) -> list[tuple[str, list[tuple[str, int, float]]]]:
+def launch_chains(kernels: list[dict], at: str = "end") -> list[tuple[str, list[tuple[str, int, float]]]]:
     """(kind, [(launch key, stream, end us after the opening boundary's end)]) of every sublayer:
     its launches in launch order, the closing boundary last; a launch's key is its rule (its
-    family where it has none) and which occurrence of that rule in the sublayer it is."""
+    family where it has none) and which occurrence of that rule in the sublayer it is. at="start":
+    the launches' start instead of their end."""
     out, last, families, rows, seen = [], None, set(), [], {}
     for k in kernels:
         name = k.get("rule") or k["family"]
         end = k["start_us"] + k["dur_us"]
         if last is not None:
             seen[name] = seen.get(name, 0) + 1
-            rows.append((f"{name} #{seen[name]}", k.get("stream", -1), end - last))
+            rows.append((f"{name} #{seen[name]}", k.get("stream", -1), (end if at == "end" else k["start_us"]) - last))
         if is_boundary(k):
             if last is not None:
                 out.append((kind_of(families), rows))
@@ -90,10 +95,11 @@ def launch_chains(kernels: list[dict]) -> list[tuple[str, list[tuple[str, int, f
     return out
 
 
-def chain_table(path: str) -> dict[str, tuple[int, dict[str, tuple[int, float]]]]:
-    """kind -> (sublayers, {launch key: (stream, median end us)}), launch keys in first-seen order."""
+def chain_table(path: str, at: str = "end") -> dict[str, tuple[int, dict[str, tuple[int, float]]]]:
+    """kind -> (sublayers, {launch key: (stream, median end us)}), launch keys in first-seen order
+    (at="start": median start us)."""
     by_kind: dict[str, list[list[tuple[str, int, float]]]] = {}
-    for kind, rows in launch_chains(json.load(open(path))["kernels"]):
+    for kind, rows in launch_chains(json.load(open(path))["kernels"], at):
         by_kind.setdefault(kind, []).append(rows)
     out = {}
     for kind, layers in by_kind.items():
@@ -107,16 +113,24 @@ def chain_table(path: str) -> dict[str, tuple[int, dict[str, tuple[int, float]]]
     return out
 
 
-def print_chains(paths: list[str]) -> None:
+def print_chains(paths: list[str], starts: bool = False) -> None:
     tables = [chain_table(p) for p in paths]
+    firsts = [chain_table(p, "start") if starts else {} for p in paths]
     kinds = [k for k, _ in KINDS] + ["other"]
     for kind in (k for k in kinds if any(k in t for t in tables)):
         counts = " / ".join(str(t[kind][0]) if kind in t else "0" for t in tables)
-        print(f"{kind} ({counts} sublayers): median end, us after the opening boundary ends")
+        what = "median start .. end" if starts else "median end"
+        print(f"{kind} ({counts} sublayers): {what}, us after the opening boundary ends")
         keys = list(dict.fromkeys(key for t in tables if kind in t for key in t[kind][1]))
         for key in keys:
-            cols = "".join(f"  s{t[kind][1][key][0]} {t[kind][1][key][1]:8.2f}" if kind in t and key in t[kind][1]
-                           else "  " + " " * 11 + "-" for t in tables)
+            cols = ""
+            for t, f in zip(tables, firsts):
+                if kind not in t or key not in t[kind][1]:
+                    cols += "  " + " " * (21 if starts else 11) + "-"
+                    continue
+                stream, end = t[kind][1][key]
+                first = f"{f[kind][1][key][1]:8.2f} .." if starts else ""
+                cols += f"  s{stream} {first}{end:8.2f}"
             print(f"  {key[:44]:44s}{cols}")
 
 
@@ -218,8 +232,8 @@ def main(argv: list[str]) -> int:
                 print(__doc__)
                 return 2
             return show(argv[i + 1], paths)
-    chain, as_json = "--chain" in argv, "--json" in argv
-    argv = [a for a in argv if a not in ("--chain", "--json")]
+    chain, as_json, starts = "--chain" in argv, "--json" in argv, "--starts" in argv
+    argv = [a for a in argv if a not in ("--chain", "--json", "--starts")]
     if as_json and argv:
         print(json.dumps([summary(p) for p in argv], indent=1))
         return 0
@@ -227,7 +241,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     if chain:
-        print_chains(argv)
+        print_chains(argv, starts)
         return 0
     tables = [table(p) for p in argv]
     kinds = [k for k, _ in KINDS] + ["other"]

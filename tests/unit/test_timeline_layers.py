@@ -59,6 +59,13 @@ def test_chains_end_each_launch_after_the_opening_boundary(tmp_path, capsys):
     assert main(["--chain", str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert "moe (2 / 2 sublayers)" in out and out.count("router #1") == 1
+    starts = launch_chains(step, "start")   # the same launches, each at its start
+    assert [[key for key, _, _ in rows] for _, rows in starts] == [[key for key, _, _ in rows] for _, rows in chains]
+    assert all(s <= e for (_, a), (_, b) in zip(starts, chains) for (_, _, s), (_, _, e) in zip(a, b))
+    assert chain_table(str(path), "start")["moe"][1]["hc #1"][1] < moe[1]["hc #1"][1]
+    assert main(["--chain", "--starts", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "median start .. end" in out and out.count(" .. ") >= 4
 
 
 def test_json_summary_of_any_number_of_timelines(tmp_path, capsys):
