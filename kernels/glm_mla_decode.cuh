@@ -15,8 +15,9 @@
 //   seq_len      const int32_t [1]                 S, read on the device (graph-replay safe)
 //   s_k          float                             static cache scale
 //   out          __nv_bfloat16 [rows][H][E]
-//   merge        float [rows][2V][H][E + 2]        partial states of the merge tree (scratch)
-//   counters     uint32_t [rows][V][H]             arrivals per tree pair; zero at launch, left zero
+//   merge        float [rows][V][H][E + 2]         the V CTAs' partial states: the tree's leaves
+//   counters     uint32_t [rows][V][H]             [row][0][hg], [row][1][hg]: head group hg's
+//                                                  arrive and depart counts; zero at launch, left zero
 //   E a multiple of 512; V (16 in the blueprint) a power of two >= 2; G * HPC a power of two
 //   <= 32 with G <= 4; H a multiple of HPC. Static shared memory about 2 * 8G * E bytes.
 //
@@ -35,10 +36,8 @@
 // (a prefix max over the chunk from the running max; a = 1 exactly when the max does not grow);
 // then every thread runs the sequential updates o = o a_j + p_j v_j for its channels, in entry
 // order: the same operations in the same order as one warp of the reference. The merge tree runs
-// across CTAs: at each level the two CTAs of a pair publish their states (a slot per level and
-// position), and the one arriving second (a fenced counter, reset by it) merges the pair and goes
-// on; the root writes the output. The merge is symmetric in its operands, so which CTA of a pair
-// arrives second does not change a bit.
+// after an arrival barrier of the head group's V CTAs, each merging a share of the outputs down the
+// whole tree (mla_split_merge): the same operations per output as the pairwise merge it replaced.
 // Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
 // unit may wrap the body in an extern "C" kernel with the same launch bounds.
 #pragma once
@@ -135,35 +134,8 @@ struct MlaSplitSmem {
     int valid[2][NC];
     float z[HPC][NC];                                                  // [head in CTA][entry]
     MlaFactors<HPC> a[NC], p[NC];                                      // [entry]: one vector load per entry
-    float m[HPC], l[HPC], fa[HPC], fb[HPC];
-    int flag;
+    float m[HPC], l[HPC];
 };
-
-// Merge the partner's state (m, l per head in shared memory slots, o from global) into ours.
-template <int E, int HPC, int CPT>
-__device__ __forceinline__ void mla_merge_partner(const float* slot, size_t head_stride,
-                                                  float (&o)[HPC][CPT], float* m, float* l, float* fa,
-                                                  float* fb) {
-    const int t = threadIdx.x;
-    if (t < HPC) {
-        const float mb = __ldcg(slot + t * head_stride + E), lb = __ldcg(slot + t * head_stride + E + 1);
-        const float ma = m[t], la = l[t];
-        const float ms = fmaxf(ma, mb);
-        const float xa = ma == -INFINITY ? 0.0f : kbp::exp_f32(ma - ms);
-        const float xb = mb == -INFINITY ? 0.0f : kbp::exp_f32(mb - ms);
-        fa[t] = xa;
-        fb[t] = xb;
-        l[t] = la * xa + lb * xb;
-        m[t] = ms;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < HPC; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c)
-            o[h][c] = o[h][c] * fa[h] + __ldcg(slot + h * head_stride + t * CPT + c) * fb[h];
-    __syncthreads();
-}
 
 // Dots of the chunk in `buf`: warp `warp` < GPC takes the chunk's group `warp` (entries warp*G ..
 // warp*G + G - 1) for the CTA's heads: z = fl(dot * scale) into sm.z[head][entry].
@@ -256,43 +228,110 @@ __device__ __forceinline__ void mla_split_update(MlaSplitSmem<E, G, HPC>& sm, in
     }
 }
 
-// The merge tree across the V CTAs of (hg, row), levels stride = V/2 .. 1: publish this CTA's
-// state in its slot of the level and count the arrival; the second of a pair resets the counter,
-// merges the partner's state and goes on. Returns whether this CTA ends as the root.
-template <int E, int V, int G, int HPC, int CPT>
-__device__ __forceinline__ bool mla_split_merge(MlaSplitSmem<E, G, HPC>& sm, float (&o)[HPC][CPT],
-                                                float* merge, uint32_t* counters,
-                                                int w, int hg, int r, int H) {
-    const int t = threadIdx.x;
-    const size_t head_stride = E + 2;
-    int u = w;
-    for (int s = V / 2; s >= 1; s >>= 1) {
-        float* mine = merge + (((size_t)r * 2 * V + 2 * s + u) * H + hg * HPC) * head_stride;
-#pragma unroll
-        for (int h = 0; h < HPC; ++h)
-#pragma unroll
-            for (int cc = 0; cc < CPT; ++cc) mine[h * head_stride + t * CPT + cc] = o[h][cc];
-        if (t < HPC) {
-            mine[t * head_stride + E] = sm.m[t];
-            mine[t * head_stride + E + 1] = sm.l[t];
-        }
+constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
+
+// Arrival barrier of `total` CTAs on cnt[0] (arrive) and *depart (depart), both zero at launch and
+// left zero: after it, every CTA sees what the others wrote before arriving (read through L2). All
+// `total` CTAs must be resident together: the decode kernels release their dependents right after
+// pdl_wait, so a dependent launches only once every CTA of the grid has started, and nothing else
+// waits for the grid; a lost arrival traps instead of hanging.
+__device__ __forceinline__ void mla_barrier(uint32_t* cnt, uint32_t* depart, uint32_t total) {
+    __syncthreads();   // the CTA's global writes before thread 0's fence (cumulative)
+    if (threadIdx.x == 0) {
         __threadfence();
-        __syncthreads();
-        uint32_t* cnt = counters + ((size_t)r * V + s + u % s) * H + hg;
-        if (t == 0) {
-            const uint32_t old = atomicAdd(cnt, 1u);
-            if (old == 1u) *cnt = 0u;   // both arrived: ready for the next launch
-            sm.flag = (int)old;
-        }
-        __syncthreads();
-        if (sm.flag == 0) return false;   // the partner merges
+        if (atomicAdd(cnt, 1u) + 1u < total)
+            for (long long n = 0; ld_acquire_gpu(cnt) < total; ++n)
+                if (n > kMlaSpinLimit) __trap();   // a CTA never arrived: a bug, never a hang
         __threadfence();
-        const int partner = u < s ? u + s : u - s;
-        const float* theirs = merge + (((size_t)r * 2 * V + 2 * s + partner) * H + hg * HPC) * head_stride;
-        mla_merge_partner<E, HPC, CPT>(theirs, head_stride, o, sm.m, sm.l, sm.fa, sm.fb);
-        u %= s;
+        if (atomicAdd(depart, 1u) == total - 1u) {   // every CTA is past its spin
+            *cnt = 0u;
+            *depart = 0u;
+        }
     }
-    return true;
+    __syncthreads();
+}
+
+// The merge tree of the V CTAs of (hg, row), spread over them: each publishes its state (o, m, l
+// per head) in its slot and arrives at the head group's barrier (counters [row][0][hg] and
+// [row][1][hg]); then warp W-1-h forms head h's tree factors (level stride = V/2 .. 1: node u
+// absorbs node u + stride, m = max, x = exp(m_node - m) or 0 for an empty node, l = l_u x_u +
+// l_v x_v), and CTA w merges outputs [w P, w P + P) of the group's HPC E (P = HPC E / V rounded
+// up), each output by one thread: its V leaf values loaded at once, then o_u = o_u x_u + o_v x_v
+// down the same tree. The operations and their order per output are the pairwise form's (each
+// level's second-arriving CTA merged its partner into itself; the merge is symmetric in its
+// operands), so the bits are too; out = rn_bf16(o / l), zeros for a head with no valid token.
+// (The pairwise form took four dependent fence + arrival + reload rounds, one a level; H200,
+// 128-expert seed shrink, exact build, 1k: the decode ends 3.2 us sooner, the DSA sublayer 103.7
+// instead of 106.7 us; bench/NOTES.md, twenty-ninth session.)
+template <int E, int V, int HPC, int CPT>
+__device__ __forceinline__ void mla_split_merge(const float (&o)[HPC][CPT], const float* m_sh, const float* l_sh,
+                                                float* merge, uint32_t* counters, int w, int hg, int r, int H,
+                                                __nv_bfloat16* out) {
+    static_assert(V <= 32, "one lane a leaf in the factor warps");
+    constexpr int LEVELS = V >= 32 ? 5 : V >= 16 ? 4 : V >= 8 ? 3 : V >= 4 ? 2 : 1;   // log2 V
+    __shared__ float tfa[HPC][V], tfb[HPC][V], troot[HPC];   // level stride s, node u at [s + u]
+    const int t = threadIdx.x, lane = t & 31;
+    constexpr size_t PS = E + 2;
+    float* leaf = merge + (((size_t)r * V + w) * H + hg * HPC) * PS;
+#pragma unroll
+    for (int h = 0; h < HPC; ++h)
+#pragma unroll
+        for (int cc = 0; cc < CPT; ++cc) __stcg(leaf + h * PS + t * CPT + cc, o[h][cc]);
+    if (t < HPC) {
+        __stcg(leaf + t * PS + E, m_sh[t]);
+        __stcg(leaf + t * PS + E + 1, l_sh[t]);
+    }
+    uint32_t* cnt = counters + (size_t)r * V * H + hg;
+    mla_barrier(cnt, cnt + H, (uint32_t)V);
+    const float* leaves = merge + ((size_t)r * V * H + hg * HPC) * PS;   // leaf u at u * H * PS
+    const size_t leaf_stride = (size_t)H * PS;
+    const int share = (HPC * E + V - 1) / V, lo = min(HPC * E, w * share), hi = min(HPC * E, lo + share);
+    const int h_f = MLA_SPLIT_WARPS - 1 - (t >> 5);
+    const bool factors = h_f < HPC, early = !factors && lo + t < hi;
+    float x[V];
+    if (factors) {   // head h_f's tree factors, lane u holding node u
+        float m = -INFINITY, l = 0.0f;
+        if (lane < V) {
+            m = __ldcg(leaves + lane * leaf_stride + h_f * PS + E);
+            l = __ldcg(leaves + lane * leaf_stride + h_f * PS + E + 1);
+        }
+#pragma unroll
+        for (int st = V / 2; st >= 1; st >>= 1) {
+            const float mb = __shfl_down_sync(0xffffffffu, m, st), lb = __shfl_down_sync(0xffffffffu, l, st);
+            if (lane < st) {
+                const float ms = fmaxf(m, mb);
+                const float xa = m == -INFINITY ? 0.0f : exp_f32(m - ms);
+                const float xb = mb == -INFINITY ? 0.0f : exp_f32(mb - ms);
+                tfa[h_f][st + lane] = xa;
+                tfb[h_f][st + lane] = xb;
+                l = l * xa + lb * xb;
+                m = ms;
+            }
+        }
+        if (lane == 0) troot[h_f] = l;
+    } else if (early) {   // the first output's leaves, while the factor warps run
+        const float* p = leaves + ((lo + t) / E) * PS + (lo + t) % E;
+#pragma unroll
+        for (int u = 0; u < V; ++u) x[u] = __ldcg(p + u * leaf_stride);
+    }
+    __syncthreads();   // tfa, tfb, troot
+    for (int i = lo + t; i < hi; i += MLA_SPLIT_THREADS) {
+        const int h = i / E;
+        if (i != lo + t || !early) {
+            const float* p = leaves + (size_t)h * PS + i % E;
+#pragma unroll
+            for (int u = 0; u < V; ++u) x[u] = __ldcg(p + u * leaf_stride);
+        }
+#pragma unroll
+        for (int k = 1; k <= LEVELS; ++k) {   // strides V/2 .. 1 by a counted loop: unrolled, x in registers
+            const int st = V >> k;
+#pragma unroll
+            for (int u = 0; u < V / 2; ++u)   // a constant bound too (u < st is then known at each level)
+                if (u < st) x[u] = x[u] * tfa[h][st + u] + x[u + st] * tfb[h][st + u];
+        }
+        const float lh = troot[h];
+        out[((size_t)r * H + hg * HPC) * E + i] = f32_to_bf16(lh > 0.0f ? x[0] / lh : 0.0f);
+    }
 }
 
 template <int E, int V, int G, int HPC>
@@ -373,15 +412,7 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     if (warp < HPC && lane == 0) sm.m[warp] = m_run;
     if (t < HPC) sm.l[t] = l_run;
     __syncthreads();
-    if (!mla_split_merge<E, V, G, HPC, CPT>(sm, o, merge, counters, w, hg, r, H)) return;
-    // Root: out = rn_bf16(o / l), zeros for a head with no valid token.
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) {
-        const float lh = sm.l[h];
-        __nv_bfloat16* dst = out + ((size_t)r * H + hg * HPC + h) * E + t * CPT;
-#pragma unroll
-        for (int cc = 0; cc < CPT; ++cc) dst[cc] = f32_to_bf16(lh > 0.0f ? o[h][cc] / lh : 0.0f);
-    }
+    mla_split_merge<E, V, HPC, CPT>(o, sm.m, sm.l, merge, counters, w, hg, r, H, out);
 }
 
 template <int E, int V, int G, int HPC>

@@ -142,31 +142,9 @@ __device__ __forceinline__ void mla_codes_n(const uint8_t* p, float (&v)[CPT]) {
 // single-CTA merge's, so the bits do not depend on which CTA merges. (Before, the group's last CTA
 // merged all of its outputs: 128 partial values a thread at the seed's shape, in four dependent L2
 // round trips.)
-constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
-
 // Slices a thread loads at once: 16 (one batch at the seed's 16 slices); 8 for HPC 2, which ptxas
 // holds at 128 registers and which spilled 40 bytes at 16.
 __host__ __device__ constexpr int mla_share_batch(int hpc) { return hpc == 2 ? 8 : 16; }
-
-// Arrival barrier of `total` CTAs on cnt[0] (arrive) and cnt[1] (depart), both zero at launch and
-// left zero: after it, every CTA sees what the others wrote before arriving (read through L2). All
-// `total` CTAs are resident together: dependents launch only once every CTA of the grid has
-// started (pdl_launch_dependents right after pdl_wait), and nothing else waits for this grid.
-__device__ __forceinline__ void mla_barrier(uint32_t* cnt, uint32_t total) {
-    __syncthreads();   // the CTA's global writes before thread 0's fence (cumulative)
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(cnt, 1u) + 1u < total)
-            for (long long n = 0; ld_acquire_gpu(cnt) < total; ++n)
-                if (n > kMlaSpinLimit) __trap();   // a CTA never arrived: a bug, never a hang
-        __threadfence();
-        if (atomicAdd(cnt + 1, 1u) == total - 1u) {   // every CTA is past its spin
-            cnt[0] = 0u;
-            cnt[1] = 0u;
-        }
-    }
-    __syncthreads();
-}
 
 // Loads slices u0 .. u0 + B - 1 (< slices) of one output (o at offset `off` of a slice's partial
 // block; a row's partials span far less than 2^31 floats).
@@ -274,7 +252,7 @@ __device__ __forceinline__ void mla_fast_quant(float amax, const uint16_t* ys, i
         for (int w = 1; w < MLA_FAST_WARPS; ++w) cm = fmaxf(cm, red[w]);
         __stcg(slots + cta, cm);
     }
-    mla_barrier(sync + ctas, (uint32_t)ctas);
+    mla_barrier(sync + ctas, sync + ctas + 1, (uint32_t)ctas);
     if (warp == 0) {   // the row's max over the slots (order-free)
         float g = 0.0f;
         for (int i = lane; i < ctas; i += 32) g = fmaxf(g, __ldcg(slots + i));
@@ -407,7 +385,8 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
         __stcg(mine_p + warp * PS + E, m_run);
         __stcg(mine_p + warp * PS + E + 1, l_run);
     }
-    mla_barrier(counters + 2 * ((size_t)r * groups + hg), (uint32_t)slices);
+    uint32_t* cnt = counters + 2 * ((size_t)r * groups + hg);
+    mla_barrier(cnt, cnt + 1, (uint32_t)slices);   // glm_mla_decode.cuh
     const int share = mla_fast_share(E, HPC, slices);
     const int lo = min(HPC * E, s * share), hi = min(HPC * E, lo + share);
     uint16_t* ys = reinterpret_cast<uint16_t*>(merge_ml + HPC * slices);

@@ -72,11 +72,12 @@ def _hc_pre(bp: Blueprint, node: Node, batch: int) -> tuple[StateBuffer, ...]:
 
 
 def mla_merge_state(attend: Node, rows: int, heads: int, latent: int) -> tuple[StateBuffer, StateBuffer]:
-    """The split MLA decode's merge tree (kernels/glm_mla_decode.cuh): per row and head, a partial
-    state (o, m, l) for each position of each tree level (2 ORDER_WARPS slots) and an arrival
-    counter per tree pair (ORDER_WARPS)."""
-    slots, pairs = rows * 2 * ORDER_WARPS * heads, rows * ORDER_WARPS * heads
-    return (StateBuffer(f"{attend.id}.merge", slots * (latent + 2) * 4, (rows, 2 * ORDER_WARPS, heads, latent + 2),
+    """The split MLA decode's merge tree (kernels/glm_mla_decode.cuh): per row and head, the partial
+    state (o, m, l) of each of the ORDER_WARPS CTAs (the tree's leaves), and per row ORDER_WARPS x
+    heads counter words, of which [row][0][group] and [row][1][group] are a head group's arrive and
+    depart counts."""
+    slots, pairs = rows * ORDER_WARPS * heads, rows * ORDER_WARPS * heads
+    return (StateBuffer(f"{attend.id}.merge", slots * (latent + 2) * 4, (rows, ORDER_WARPS, heads, latent + 2),
                         "f32"),
             StateBuffer(f"{attend.id}.counters", pairs * 4, (rows, ORDER_WARPS, heads), "i32"))
 

@@ -62,7 +62,7 @@ class Chain:
                       scales=g(self.ref.pool_scales) if fp8 else None,
                       scores=gpu.poisoned((cap,), np.float32),
                       hist=g(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32)), arrive=g(np.zeros(1, np.uint32)),
-                      merge=gpu.poisoned((1, 2 * ORDER_WARPS, HEADS, E + 2), np.float32),
+                      merge=gpu.poisoned((1, ORDER_WARPS, HEADS, E + 2), np.float32),
                       counters=g(np.zeros((1, ORDER_WARPS, HEADS), np.uint32)))
         self.write = launcher(KernelInstance("glm_mla_latent_write", "glm_mla_latent_write.cuh",
                                              f"kbp::glm_mla_latent_write_fp8_paged<{E}>", lower_lw.PARAMS))

@@ -29,7 +29,7 @@ def _decode(heads, width, seq_len, page=64, launches=2, rows=1, e=512):
     table = rng.permutation(layout.num_pages).astype(np.int32)
     cache = e4m3_encode(rng.normal(0, 2, layout.shape).astype(F32))
     d_cache, d_table = gpu.to_gpu(cache), gpu.to_gpu(table)
-    merge = gpu.poisoned((rows, 2 * ORDER_WARPS, heads, e + 2), np.float32)
+    merge = gpu.poisoned((rows, ORDER_WARPS, heads, e + 2), np.float32)
     counters = gpu.to_gpu(np.zeros((rows, ORDER_WARPS, heads), np.uint32))
     for i in range(launches):
         q = to_bf16(rng.normal(0, rng.uniform(0.02, 0.5), (rows, heads, e)).astype(F32))

@@ -68,7 +68,7 @@ def test_decode_launch_exact(tiny_path):
         assert merge == ctx.state(f"{node.id}.merge", "float")
         assert counters == ctx.state(f"{node.id}.counters", "uint32_t")
         state = {s.name: s for s in plan.state}
-        assert state[f"{node.id}.merge"].nbytes == 2 * ORDER_WARPS * heads * (e + 2) * 4
+        assert state[f"{node.id}.merge"].nbytes == ORDER_WARPS * heads * (e + 2) * 4
         assert state[f"{node.id}.counters"].nbytes == ORDER_WARPS * heads * 4
         assert f"{node.id}.partials" not in state
 

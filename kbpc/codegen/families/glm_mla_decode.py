@@ -83,7 +83,7 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         raise LoweringError("the exact decode form has no fused output quantizer", f"group {group.id}")
     hpc = heads_per_cta(heads)
     merge, counters = state_buffer(ctx, f"{node.id}.merge"), state_buffer(ctx, f"{node.id}.counters")
-    if merge.shape != (rows, 2 * ORDER_WARPS, heads, e + 2) or counters.shape != (rows, ORDER_WARPS, heads):
+    if merge.shape != (rows, ORDER_WARPS, heads, e + 2) or counters.shape != (rows, ORDER_WARPS, heads):
         raise LoweringError(f"merge state {merge.shape} / {counters.shape} does not fit {rows} rows of {heads} "
                             f"heads", f"node {node.id}")
     width = buffer_elements(ctx.bp, a.sel)   # token ids per row, as the indexer wrote them
