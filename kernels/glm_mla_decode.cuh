@@ -231,10 +231,13 @@ __device__ __forceinline__ void mla_split_update(MlaSplitSmem<E, G, HPC>& sm, in
 constexpr long long kMlaSpinLimit = 1LL << 24;   // polls (~5 s) before a lost arrival traps
 
 // Arrival barrier of `total` CTAs on cnt[0] (arrive) and *depart (depart), both zero at launch and
-// left zero: after it, every CTA sees what the others wrote before arriving (read through L2). All
-// `total` CTAs must be resident together: the decode kernels release their dependents right after
-// pdl_wait, so a dependent launches only once every CTA of the grid has started, and nothing else
-// waits for the grid; a lost arrival traps instead of hanging.
+// left zero: after it, every CTA sees what the others wrote before arriving (read through L2). The
+// `total` CTAs must become resident together: the decode kernels release their dependents right
+// after pdl_wait, so no dependent takes an SM before every CTA of the grid has started, and nothing
+// else waits for the grid. A grid larger than the GPU holds (many heads or rows: the seed's exact
+// decode is 128 CTAs, two fit an SM) relies on CTAs starting in launch order, so that a barrier's
+// CTAs (consecutive in x) are never all waiting for slots held by other waiting groups; a lost
+// arrival traps instead of hanging.
 __device__ __forceinline__ void mla_barrier(uint32_t* cnt, uint32_t* depart, uint32_t total) {
     __syncthreads();   // the CTA's global writes before thread 0's fence (cumulative)
     if (threadIdx.x == 0) {
