@@ -299,7 +299,8 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[HPC][CPT], cons
             l = __ldcg(leaves + lane * leaf_stride + h_f * PS + E + 1);
         }
 #pragma unroll
-        for (int st = V / 2; st >= 1; st >>= 1) {
+        for (int k = 1; k <= LEVELS; ++k) {   // strides V/2 .. 1, as the outputs' tree below
+            const int st = V >> k;
             const float mb = __shfl_down_sync(0xffffffffu, m, st), lb = __shfl_down_sync(0xffffffffu, l, st);
             if (lane < st) {
                 const float ms = fmaxf(m, mb);

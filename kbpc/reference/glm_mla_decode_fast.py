@@ -3,8 +3,9 @@ and its error bound against the reference order (kbpc.reference.glm_mla_decode.m
 
 Split: S slices x H/HPC head groups x rows CTAs; slice s takes entries s, s + S, ... `chunk` at a
 time (the rows staged per round trip); once a head group's S CTAs have published their partials,
-each merges a share of the group's outputs, the S partials in slice order. S fills the target's SMs once (a single wave) but gives no slice fewer than MIN_SLICE entries,
-since each slice adds a partial the merge reads.
+each merges a share of the group's outputs, the S partials in slice order. S fills the target's SMs
+once (a single wave) but gives no slice fewer than MIN_SLICE entries, since each slice adds a
+partial the merge reads.
 
 Bound. Let v*_j = s_k c^_j (exact), z*_j = sigma <q, v*_j> with sigma = fl(1/sqrtf(E)) (both forms
 use that constant), w_j = softmax(z*)_j over the valid entries (duplicates counted twice),
