@@ -29,6 +29,11 @@
 //     Stores token tau; if tau + 1 is a multiple of KP also writes pool tau / KP: kbar into
 //     pool_keys (FP8 = false; the code pointers are unused and may be null) or its rotated codes
 //     and scale (FP8 = true; pool_keys unused). D a multiple of 32 (a power of two for FP8).
+//   dsa_indexer_store_norm<D, KP, FP8><<<1, D>>>(x, norm_w, norm_b, eps, gate, slot_term, kg_keys,
+//                                                rows, pool_keys, pool_codes, pool_scales, tau)
+//     (rule dsa_key_store) the same store of key = layer_norm_bf16<D, D>(x, norm_w, norm_b, eps)
+//     (layer_norm.cuh's arithmetic, bit for bit), computed in the block: x bf16 [D] is the raw
+//     index key; D a power of two in [32, 1024] (the norm's block rule gives D threads).
 //   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE><<<G, 512>>>(q, raw_w, pool_keys,
 //       pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
 //     (dsa_index_select.cuh) any G >= 1; the lowering uses one CTA per SM. QROT (numerics
@@ -53,6 +58,7 @@
 #pragma once
 
 #include "dsa_indexer_common.cuh"
+#include "layer_norm.cuh"
 
 namespace kbp {
 
@@ -88,16 +94,16 @@ __device__ __forceinline__ void dsa_store_pool_fp8(float y, int p, uint8_t* pool
     if (c == 0) pool_scales[p] = sigma;
 }
 
+// Thread c stores channel c of token t (its key k_new and gate g_new) and, when t completes a pool,
+// the pool key's channel c. Called by the whole block of D threads.
 template <int D, int KP, bool FP8>
-__device__ __forceinline__ void dsa_indexer_store_body(
-    const __nv_bfloat16* key, const __nv_bfloat16* gate,
+__device__ __forceinline__ void dsa_indexer_store_token(
+    __nv_bfloat16 k_new, __nv_bfloat16 g_new,
     const float* slot_term, __nv_bfloat16* kg_keys,
     __nv_bfloat16* kg_gates, int rows, float* pool_keys,
-    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    uint8_t* pool_codes, float* pool_scales, int t) {
     static_assert(D <= 1024 && D % 32 == 0 && KP >= 1, "one thread per channel, whole warps");
     const int c = threadIdx.x;
-    const int t = tau_ptr[0];
-    const __nv_bfloat16 k_new = key[c], g_new = gate[c];
     kg_keys[(size_t)(t % rows) * D + c] = k_new;
     kg_gates[(size_t)(t % rows) * D + c] = g_new;
     if ((t + 1) % KP != 0) return;   // uniform over the block
@@ -134,6 +140,32 @@ __device__ __forceinline__ void dsa_indexer_store_body(
 }
 
 template <int D, int KP, bool FP8>
+__device__ __forceinline__ void dsa_indexer_store_body(
+    const __nv_bfloat16* key, const __nv_bfloat16* gate,
+    const float* slot_term, __nv_bfloat16* kg_keys,
+    __nv_bfloat16* kg_gates, int rows, float* pool_keys,
+    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    const int c = threadIdx.x;
+    dsa_indexer_store_token<D, KP, FP8>(key[c], gate[c], slot_term, kg_keys, kg_gates, rows, pool_keys, pool_codes,
+                                        pool_scales, tau_ptr[0]);
+}
+
+// The key's LayerNorm (layer_norm.cuh's arithmetic, one channel a thread) and the store in one
+// block: the normalised key never leaves the chip, and the store does not wait for a norm launch.
+template <int D, int KP, bool FP8>
+__device__ __forceinline__ void dsa_indexer_store_norm_body(
+    const __nv_bfloat16* x, const __nv_bfloat16* norm_w, const __nv_bfloat16* norm_b, float eps,
+    const __nv_bfloat16* gate, const float* slot_term, __nv_bfloat16* kg_keys,
+    __nv_bfloat16* kg_gates, int rows, float* pool_keys,
+    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    static_assert(D >= 32 && D <= 1024 && (D & (D - 1)) == 0, "the norm's block rule: D threads, a power of two");
+    float y[1];
+    layer_norm_row_f32<D, D>(x, norm_w, norm_b, eps, y);
+    dsa_indexer_store_token<D, KP, FP8>(f32_to_bf16(y[0]), gate[threadIdx.x], slot_term, kg_keys, kg_gates, rows,
+                                        pool_keys, pool_codes, pool_scales, tau_ptr[0]);
+}
+
+template <int D, int KP, bool FP8>
 __global__ void __launch_bounds__(D) dsa_indexer_store(
     const __nv_bfloat16* key, const __nv_bfloat16* gate,
     const float* slot_term, __nv_bfloat16* kg_keys,
@@ -143,6 +175,18 @@ __global__ void __launch_bounds__(D) dsa_indexer_store(
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     dsa_indexer_store_body<D, KP, FP8>(key, gate, slot_term, kg_keys, kg_gates, rows, pool_keys, pool_codes,
                                        pool_scales, tau_ptr);
+}
+
+template <int D, int KP, bool FP8>
+__global__ void __launch_bounds__(D) dsa_indexer_store_norm(
+    const __nv_bfloat16* x, const __nv_bfloat16* norm_w, const __nv_bfloat16* norm_b, float eps,
+    const __nv_bfloat16* gate, const float* slot_term, __nv_bfloat16* kg_keys,
+    __nv_bfloat16* kg_gates, int rows, float* pool_keys,
+    uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    dsa_indexer_store_norm_body<D, KP, FP8>(x, norm_w, norm_b, eps, gate, slot_term, kg_keys, kg_gates, rows,
+                                            pool_keys, pool_codes, pool_scales, tau_ptr);
 }
 
 }  // namespace kbp

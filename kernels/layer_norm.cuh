@@ -39,22 +39,25 @@ __device__ __forceinline__ float ln_tree_sum(float partial, float* buf) {
     return buf[0];
 }
 
+// The normalised row before its BF16 rounding: thread t's elements t, t + THREADS, ... into
+// out[k] (FP32: ((x_i - mu) * r) * gamma_i + beta_i), zero past D. Called by the whole block; every
+// read of x precedes its first barrier. The one home of the family's arithmetic: the plain kernel
+// and the fused DSA index key store (dsa_indexer.cuh) round the same values.
 template <int D, int THREADS>
 __device__ __forceinline__ void
-layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
-                    const __nv_bfloat16* bias, float eps, __nv_bfloat16* y, long y_stride) {
+layer_norm_row_f32(const __nv_bfloat16* x, const __nv_bfloat16* weight, const __nv_bfloat16* bias, float eps,
+                   float (&out)[(D + THREADS - 1) / THREADS]) {
     static_assert(THREADS >= 32 && THREADS <= 1024 && (THREADS & (THREADS - 1)) == 0,
                   "the halving tree needs a power-of-two thread count");
     static_assert(D > 0, "non-empty rows");
     constexpr int PER_THREAD = (D + THREADS - 1) / THREADS;
     __shared__ float buf[THREADS];
 
-    const long r = blockIdx.x;
     float v[PER_THREAD];
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         const int i = threadIdx.x + k * THREADS;
-        v[k] = i < D ? bf16_to_f32(x[r * x_stride + i]) : 0.0f;
+        v[k] = i < D ? bf16_to_f32(x[i]) : 0.0f;
     }
     float sum = v[0];  // from the first element (padding adds +0.0, exactly)
 #pragma unroll
@@ -74,9 +77,22 @@ layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* 
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         const int i = threadIdx.x + k * THREADS;
-        if (i < D)
-            y[r * y_stride + i] = f32_to_bf16((v[k] - mu) * rr * bf16_to_f32(weight[i]) +
-                                              bf16_to_f32(bias[i]));
+        out[k] = i < D ? (v[k] - mu) * rr * bf16_to_f32(weight[i]) + bf16_to_f32(bias[i]) : 0.0f;
+    }
+}
+
+template <int D, int THREADS>
+__device__ __forceinline__ void
+layer_norm_bf16_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
+                    const __nv_bfloat16* bias, float eps, __nv_bfloat16* y, long y_stride) {
+    constexpr int PER_THREAD = (D + THREADS - 1) / THREADS;
+    const long r = blockIdx.x;
+    float out[PER_THREAD];
+    layer_norm_row_f32<D, THREADS>(x + r * x_stride, weight, bias, eps, out);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i < D) y[r * y_stride + i] = f32_to_bf16(out[k]);
     }
 }
 

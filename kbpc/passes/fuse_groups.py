@@ -79,7 +79,26 @@ def fuse_groups(plan: Plan) -> Plan:
             taken.update(members)
             merges.append((rule, members))
             records.append(FusionRecord(rule.name, members, True, rule.why))
-    return dataclasses.replace(plan, groups=_merged(plan, merges), fusions=tuple(records))
+    fused = dataclasses.replace(plan, groups=_merged(plan, merges), fusions=tuple(records))
+    return dataclasses.replace(fused, groups=_in_dependency_order(fused))
+
+
+def _in_dependency_order(plan: Plan) -> tuple[LoweredGroup, ...]:
+    """The groups in their order, except that a merged group sitting before a producer of one of its
+    later members moves down just after it (a stable topological sort): later passes walk the
+    groups as a topological order."""
+    deps = plan.grouping.dependencies()
+    placed: set[int] = set()
+    out: list[LoweredGroup] = []
+    waiting = list(plan.groups)
+    while waiting:
+        i = next((k for k, g in enumerate(waiting) if deps[g.id] <= placed), None)
+        if i is None:   # a cycle: fuse_groups only merges convex sets, so the groups are a DAG
+            raise KbpcError("the fused groups have no dependency order", "fuse_groups")
+        g = waiting.pop(i)
+        out.append(g)
+        placed.add(g.id)
+    return tuple(out)
 
 
 def _neighbours(plan: Plan) -> dict[int, set[int]]:

@@ -65,6 +65,21 @@ def _attend_then_fp8_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     return None
 
 
+def _norm_feeds_index_store(bp: Blueprint, nodes: list[Node]) -> str | None:
+    """The index store's key is the LayerNorm's output, and the norm's block rule gives one thread a
+    channel (a power-of-two width from 32 to 1024), as the store's block of D threads needs."""
+    from kbpc.reference.layer_norm import block_threads  # noqa: PLC0415
+    norm = next(n for n in nodes if n.op == "layer_norm")
+    store = next(n for n in nodes if n.op == "kpool_compress")
+    keys = [t for t in bp.inputs(store.order) if t.src == norm.order]
+    if len(keys) != 1:
+        return "the index store does not read the norm's output as its key"
+    d = keys[0].dim_value
+    if block_threads(d) != d:
+        return f"key width {d}: the fused store needs one thread a channel, a power of two from 32 to 1024"
+    return None
+
+
 def _swiglu_feeds_down_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The SwiGLU's BF16 output is the down projection's act_quant input, and the clamp reads the
     routed [gate | up] BF16 rows (one per slot)."""
@@ -213,6 +228,10 @@ FUSION_RULES: tuple[FusionRule, ...] = (
     FusionRule("dsa_proj_in", "wxay", ("linear:mla_q_a", "linear:mla_kv_a", "linear:index_k"), "linear:index_k",
                "the indexer's key projection joins the query/latent projections that read the same FP8 "
                "row: one segment-list launch reads the input once"),
+    FusionRule("dsa_key_store", "dsa_indexer", ("layer_norm", "kpool_compress"), "kpool_compress",
+               "the DSA index key's LayerNorm runs in the index store's block (dsa_indexer_store_norm, the "
+               "norm's arithmetic bit for bit): one launch and one dependency fewer per DSA layer on the "
+               "path to the index select, the normalised key never leaves the chip", _norm_feeds_index_store),
     FusionRule("mla_attend_quant", "glm_mla_decode", ("mla_attention", "act_quant"), "mla_attention",
                "the per-token FP8 quantizer of the output projection's input runs in the fast MLA decode's "
                "CTAs (glm_mla_decode_fast_quant: each CTA's max of its merged share, one arrival of the row's "

@@ -19,6 +19,7 @@ from kbpc.ir.state import INDEX_SELECT_BIN_BITS
 from kbpc.reference import dsa_indexer as dsa
 from kbpc.reference.dsa_index_cache import dequantize_pool_keys, quantize_pool_keys
 from kbpc.reference.formats import bf16_bits, to_bf16
+from kbpc.reference.layer_norm import layer_norm
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
@@ -119,10 +120,13 @@ def test_select_replays_reset_the_scratch():
 
 # ---------------------------------------------------------------- store
 
+@pytest.mark.parametrize("norm", [False, True], ids=["store", "norm+store"])
 @pytest.mark.parametrize("d,fp8", [(128, False), (128, True), (64, True), (32, False), (256, True)])
-def test_store_every_position(d, fp8):
+def test_store_every_position(d, fp8, norm):
     """Positions 0..T-1: the BF16 key/gate rows and, at each pool's last token, its key (FP32, or
-    the rotated E4M3 codes and scale), all bit for bit."""
+    the rotated E4M3 codes and scale), all bit for bit. `norm+store` (rule dsa_key_store): the
+    launch gets the raw key and the LayerNorm's weights, and stores the reference's
+    layer_norm of it."""
     gpu, rng = _gpu(), np.random.default_rng()
     geo = dsa.IndexerGeometry(head_dim=d, heads=1, pool=KP, topk_tokens=16)
     T, rows = 41, KP
@@ -133,13 +137,21 @@ def test_store_every_position(d, fp8):
     pk = None if fp8 else gpu.poisoned((cap, d), np.float32)
     codes = gpu.poisoned((cap, d), np.uint8) if fp8 else None
     scales = gpu.poisoned((cap,), np.float32) if fp8 else None
-    run = _run(lower_dsa.store_instance(d, KP, fp8))
+    run = _run(lower_dsa.store_instance(d, KP, fp8, norm=norm))
     d_a = gpu.to_gpu(a)
+    gamma, beta, eps = to_bf16(rng.normal(1, 0.3, d).astype(F32)), to_bf16(rng.normal(0, 0.3, d).astype(F32)), 1e-6
+    d_gamma, d_beta = gpu.to_gpu(bf16_bits(gamma)), gpu.to_gpu(bf16_bits(beta))
     for t in range(T):
         k = to_bf16(rng.normal(size=d).astype(F32) * rng.uniform(0.01, 100))
         g = to_bf16(rng.normal(0, 3, d).astype(F32))
+        if norm:   # the launch normalises the raw key x itself
+            x = to_bf16((rng.normal(size=d) * rng.uniform(0.01, 100) + rng.normal(0, 5)).astype(F32))
+            k = layer_norm(x, gamma, beta, eps)
+            head = (gpu.to_gpu(bf16_bits(x)), d_gamma, d_beta, np.float32(eps))
+        else:
+            head = (gpu.to_gpu(bf16_bits(k)),)
         dsa.store_token(ref, geo, t, k, g, a)
-        run((1, 1, 1), (d, 1, 1), gpu.to_gpu(bf16_bits(k)), gpu.to_gpu(bf16_bits(g)), d_a, keys, gates, rows,
+        run((1, 1, 1), (d, 1, 1), *head, gpu.to_gpu(bf16_bits(g)), d_a, keys, gates, rows,
             pk, codes, scales, _i32(t))
         np.testing.assert_array_equal(keys.get(), ref.keys)
         np.testing.assert_array_equal(gates.get(), ref.gates)

@@ -1,5 +1,5 @@
 """The DSA kernel instances the lowerings emit for the seed and the tiny blueprint (FP32 and FP8
-index caches, the FP8 rotated-query form, the tensor-core form, the
+index caches, the store with the key's LayerNorm, the FP8 rotated-query form, the tensor-core form, the
 order-free forms, 4 and 2 heads per decode CTA, the fast decode) compile through the
 product's kernel-instance template for sm_90a without register spills, within the static shared
 memory limit (no GPU needed)."""
@@ -28,6 +28,8 @@ def test_dsa_instances_compile_without_spills(tmp_path):
     insts += [lower_dsa.select_instance(32, 128, 4, 512, False, mma=True, order_free=True),   # what fast mode lowers
               lower_dsa.select_instance(32, 128, 4, 512, True, qrot=True, order_free=True)]
     insts += [lower_dsa.store_instance(128, 4, fp8) for fp8 in (False, True)]
+    insts += [lower_dsa.store_instance(d, 4, fp8, norm=True)   # rule dsa_key_store; the GPU test's widths
+              for d, fp8 in ((128, False), (128, True), (64, True), (32, False), (256, True))]
     insts += [lower_dsa.select_instance(4, 128, 4, 4, False), lower_mla.decode_instance(512, 4),
               lower_mla.decode_instance(512, 2)]
     insts += [lower_mla.fast_instance(512, hpc) for hpc in (4, 2, 1)]   # numerics fast, 4, 2, 1 heads per CTA

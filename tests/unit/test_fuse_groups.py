@@ -71,6 +71,37 @@ def test_dsa_projections_merge_horizontally(tiny_bp):
         assert len(inputs) == 1 and g.family == "wxay"
 
 
+def test_index_key_norm_merges_into_the_store(tiny_bp):
+    """Before: the DSA index key's LayerNorm and the index store are two groups. After: one
+    fused:dsa_key_store group of the dsa_indexer family, placed after every group it reads (the
+    store also reads the gate projection, which the blueprint lists after the norm), and the groups
+    stay in a dependency order; a key of a width the fused store cannot take is refused."""
+    import dataclasses as dc
+    before = _default_before(tiny_bp)
+    after = fuse_groups(before)
+    merged = [g for g in after.groups if g.rule == "fused:dsa_key_store"]
+    assert len(merged) == sum(1 for n in tiny_bp.nodes() if n.op == "kpool_compress") > 0
+    deps = after.grouping.dependencies()
+    position = {g.id: i for i, g in enumerate(after.groups)}
+    assert all(position[d] < position[g.id] for g in after.groups for d in deps[g.id])
+    for g in merged:
+        assert _ops(tiny_bp, g) == ["kpool_compress", "layer_norm"] and g.family == "dsa_indexer"
+        norm_group, store_group = (next(b for b in before.groups if b.id == m) for m in g.fused_from)
+        assert [_ops(tiny_bp, norm_group), _ops(tiny_bp, store_group)] == [["layer_norm"], ["kpool_compress"]]
+    assert len(after.groups) == len(before.groups) - sum(len(f.groups) - 1 for f in after.fusions if f.applied)
+    rule = next(r for r in FUSION_RULES if r.name == "dsa_key_store")
+    store = next(n for n in tiny_bp.nodes() if n.op == "kpool_compress")
+    norm = next(n for n in tiny_bp.nodes() if n.op == "layer_norm" and n.block == store.block)
+    assert rule.check(tiny_bp, [norm, store]) is None
+    elsewhere = dc.replace(norm, order=-1)   # a norm whose output the store does not read
+    assert "does not read the norm's output" in rule.check(tiny_bp, [elsewhere, store])
+
+    class OddKey:   # the blueprint with a 96-wide index key (the norm's block rule gives it 128 threads)
+        def inputs(self, order):
+            return [dc.replace(t, dim_value=96) if t.src == norm.order else t for t in tiny_bp.inputs(order)]
+    assert "power of two" in rule.check(OddKey(), [norm, store])
+
+
 def test_kda_siblings_merge_and_the_recurrence_takes_its_norm(tiny_bp, monkeypatch):
     """Before: per KDA layer the pack, the conv and the gate chain are three groups (the pack and the
     gates read different outputs of one projection group, no edge between them) and the recurrence

@@ -1,11 +1,12 @@
-"""Lowering of dsa_indexer groups (glm_index_store, glm_index_select_persisted) on the tiny
-blueprint with both index caches, the template sizes on the seed, and the size checks."""
+"""Lowering of dsa_indexer groups (glm_index_store, its fused form with the key's LayerNorm
+(rule dsa_key_store), glm_index_select_persisted) on the tiny blueprint with both index caches,
+the template sizes on the seed, and the size checks."""
 from __future__ import annotations
 
 import pytest
 
 from kbpc.codegen.args import NULL, StepInput, lit
-from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families import dsa_indexer
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.buffers import buffer_name
@@ -22,6 +23,12 @@ def _plan(path, **options):
 
 @pytest.fixture(scope="module", params=["f32", "fp8"])
 def tiny(tiny_path, request):
+    """The plan without rule dsa_key_store: the store as its own launch (the fused form: `tiny_fused`)."""
+    return _plan(tiny_path, index_cache=request.param, skip_fusions=("dsa_key_store",))
+
+
+@pytest.fixture(scope="module", params=["f32", "fp8"])
+def tiny_fused(tiny_path, request):
     return _plan(tiny_path, index_cache=request.param)
 
 
@@ -37,31 +44,64 @@ def _pool_state(plan, ctx, node_id):
     return ctx.state(f"{node_id}.pool_keys", "float"), NULL, NULL
 
 
-def test_every_rule_is_covered(tiny):
+def test_every_rule_is_covered(tiny, tiny_fused):
     plan, _ = tiny
     assert {g.rule for g in plan.groups if g.family == "dsa_indexer"} == {
         "glm_index_store", "glm_index_select_persisted"}
+    plan, _ = tiny_fused
+    assert {g.rule for g in plan.groups if g.family == "dsa_indexer"} == {
+        "fused:dsa_key_store", "glm_index_select_persisted"}
+
+
+def _store_tail(plan, ctx, node, tail):
+    """The arguments after the key (both store forms): gate, slot term, tail state, rows, the pool
+    state of the index cache, POS."""
+    gate, a, keys, gates, rows, *pools, tau = tail
+    kp = plan.blueprint.symbols["index_kpool"]
+    assert gate == ctx.buf(ctx.input(node, op="linear"))
+    assert a == ctx.weight(node, "slot_bias", ctype="float")
+    assert keys == ctx.state(f"{node.id}.tail_keys", "__nv_bfloat16")
+    assert gates == ctx.state(f"{node.id}.tail_gates", "__nv_bfloat16")
+    assert rows == lit(kp) and tau == StepInput("POS")
+    assert tuple(pools) == _pool_state(plan, ctx, node.id)
+
+
+def _store_launches(plan, ctx, rule: str, kernel: str):
+    """(launch, group) of each store group, its kernel and geometry checked."""
+    sym = plan.blueprint.symbols
+    d, kp = sym["index_head_dim"], sym["index_kpool"]
+    fp8 = "true" if plan.options.index_cache == "fp8" else "false"
+    for g in groups(plan, rule):
+        (launch,) = dsa_indexer.lower(ctx, g)
+        assert launch.instance.kernel == f"kbp::{kernel}<{d}, {kp}, {fp8}>"
+        assert (launch.grid, launch.block) == ((1, 1, 1), (d, 1, 1))
+        assert len(launch.args) == len(launch.instance.params)
+        yield launch, g
 
 
 def test_store(tiny):
     plan, ctx = tiny
-    sym = plan.blueprint.symbols
-    d, kp = sym["index_head_dim"], sym["index_kpool"]
-    fp8 = "true" if plan.options.index_cache == "fp8" else "false"
-    for g in groups(plan, "glm_index_store"):
-        (launch,) = dsa_indexer.lower(ctx, g)
+    for launch, g in _store_launches(plan, ctx, "glm_index_store", "dsa_indexer_store"):
         node = ctx.node(g, "kpool_compress")
-        assert launch.instance.kernel == f"kbp::dsa_indexer_store<{d}, {kp}, {fp8}>"
-        assert (launch.grid, launch.block) == ((1, 1, 1), (d, 1, 1))
-        assert len(launch.args) == len(launch.instance.params) == 10
-        key, gate, a, keys, gates, rows, *pools, tau = launch.args
-        assert key == ctx.buf(ctx.input(node, op="layer_norm"))
-        assert gate == ctx.buf(ctx.input(node, op="linear"))
-        assert a == ctx.weight(node, "slot_bias", ctype="float")
-        assert keys == ctx.state(f"{node.id}.tail_keys", "__nv_bfloat16")
-        assert gates == ctx.state(f"{node.id}.tail_gates", "__nv_bfloat16")
-        assert rows == lit(kp) and tau == StepInput("POS")
-        assert tuple(pools) == _pool_state(plan, ctx, node.id)
+        key, *tail = launch.args
+        assert len(launch.args) == 10 and key == ctx.buf(ctx.input(node, op="layer_norm"))
+        _store_tail(plan, ctx, node, tail)
+
+
+def test_store_with_the_key_norm(tiny_fused):
+    """Rule dsa_key_store: one launch reads the norm's input and weights; the normalised key has no
+    buffer (no group outside reads it); the store's other arguments are the plain store's."""
+    plan, ctx = tiny_fused
+    for launch, g in _store_launches(plan, ctx, "fused:dsa_key_store", "dsa_indexer_store_norm"):
+        norm, node = ctx.node(g, "layer_norm"), ctx.node(g, "kpool_compress")
+        assert launch.nodes == (norm.id, node.id) and len(launch.args) == 13
+        x, w, b, eps, *tail = launch.args
+        assert x == ctx.buf(ctx.input(norm))
+        assert (w, b) == (ctx.weight(norm, ctype="__nv_bfloat16"), ctx.weight(norm, "bias", "__nv_bfloat16"))
+        assert eps == flt(ctx.c.layer_norm_eps)
+        _store_tail(plan, ctx, node, tail)
+        key = ctx.input(node, op="layer_norm")
+        assert buffer_name(plan.blueprint, key) not in {buf.name for buf in plan.buffers}
 
 
 def test_select(tiny):
@@ -115,7 +155,7 @@ def test_seed_sizes(seed_path):
     plan, ctx = _plan(seed_path, max_context=524288)
     kernels = {(l.instance.kernel, l.grid) for g in plan.groups if g.family == "dsa_indexer"
                for l in dsa_indexer.lower(ctx, g)}
-    assert kernels == {("kbp::dsa_indexer_store<128, 4, false>", (1, 1, 1)),
+    assert kernels == {("kbp::dsa_indexer_store_norm<128, 4, false>", (1, 1, 1)),
                        ("kbp::dsa_index_select<32, 128, 4, 512, false, 11, false, true, true>", (132, 1, 1))}
 
 

@@ -6,6 +6,10 @@ pool, the pool key: FP32 into `pool_keys`, or with the fp8 index cache (Options.
 Walsh-Hadamard rotated E4M3 codes into `pool_codes` and its scale into `pool_scales`. The
 blueprint plans a second kernel for the pool-key store; here one kernel does both.
 
+fused:dsa_key_store (rule dsa_key_store: the key's layer_norm + kpool_compress): one launch of
+dsa_indexer_store_norm computes the key's LayerNorm in the store's block (layer_norm.cuh's
+arithmetic, one channel a thread) and stores it as above; the normalised key has no buffer.
+
 glm_index_select_persisted (index_select): one launch of dsa_index_select over the whole GPU (one
 CTA per SM of the target) scores every valid pool, selects the top-k pools in the blueprint's total
 order and expands them (and the tail pool) to token ids: one launch for the blueprint's four
@@ -29,13 +33,14 @@ Geometry is read on the device: SEQ (cached tokens with this one) and POS (its p
 from __future__ import annotations
 
 from kbpc.codegen.args import NULL, StepInput, lit
-from kbpc.codegen.context import LowerCtx, LoweringError
+from kbpc.codegen.context import LowerCtx, LoweringError, flt
 from kbpc.codegen.families.dsa_state import block_node, one_row, state_buffer
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
 from kbpc.ir.ops import selection_is_a_set
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.reference.layer_norm import block_threads  # the norm's block rule: one thread a channel
 from kbpc.targets import get_target
 
 BF = "__nv_bfloat16"
@@ -44,6 +49,7 @@ SELECT_CHUNK = 32        # DSA_SELECT_CHUNK: pools a CTA stages at a time
 MAX_HEADS, MAX_HEAD_DIM = 128, 128
 STORE_PARAMS = (f"const {BF}*", f"const {BF}*", "const float*", f"{BF}*", f"{BF}*", "int", "float*", "uint8_t*",
                 "float*", "const int32_t*")
+STORE_NORM_PARAMS = (f"const {BF}*", f"const {BF}*", f"const {BF}*", "float", *STORE_PARAMS[1:])
 SELECT_PARAMS = ("const float*", "const float*", "const float*", "const uint8_t*", "const float*", "const int32_t*",
                  "const int32_t*", "float*", "uint32_t*", "uint32_t*", "int32_t*")
 
@@ -55,9 +61,13 @@ def scratch_names(select_id: str) -> tuple[str, str, str]:
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     launches = []
-    for node in ctx.nodes(group):
+    nodes = ctx.nodes(group)
+    norm = next((n for n in nodes if n.op == "layer_norm"), None)
+    for node in nodes:
+        if node.op == "layer_norm":
+            continue   # computed in the store's launch (rule dsa_key_store)
         if node.op == "kpool_compress":
-            launches.append(_store(ctx, group, node))
+            launches.append(_store(ctx, group, node, norm))
         elif node.op == "index_select":
             launches.append(_select(ctx, group, node))
         else:
@@ -65,7 +75,11 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
     return launches
 
 
-def store_instance(d: int, kp: int, fp8: bool) -> KernelInstance:
+def store_instance(d: int, kp: int, fp8: bool, norm: bool = False) -> KernelInstance:
+    """norm: the form that computes the key's LayerNorm in its block (rule dsa_key_store)."""
+    if norm:
+        return KernelInstance("dsa_indexer", "dsa_indexer.cuh",
+                              f"kbp::dsa_indexer_store_norm<{d}, {kp}, {_cbool(fp8)}>", STORE_NORM_PARAMS)
     return KernelInstance("dsa_indexer", "dsa_indexer.cuh", f"kbp::dsa_indexer_store<{d}, {kp}, {_cbool(fp8)}>",
                           STORE_PARAMS)
 
@@ -153,7 +167,9 @@ def check_select_sizes(heads: int, d: int, topk_pools: int, fp8: bool, where: st
                             "32 pools' keys and heads + 1 terms a pool)", where)
 
 
-def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
+def _store(ctx: LowerCtx, group: LoweredGroup, node, norm=None) -> Launch:
+    """The store; with `norm` (the key's layer_norm node, merged by rule dsa_key_store) the fused
+    form, which reads the norm's input and weights instead of its output."""
     key, gate = ctx.input(node, op="layer_norm"), ctx.input(node, op="linear")
     one_row(ctx, node, key)
     d, kp = key.dim_value, ctx.sym["index_kpool"]
@@ -165,11 +181,19 @@ def _store(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     rows = state_buffer(ctx, f"{node.id}.tail_keys").shape[0]
     if rows % kp:
         raise LoweringError(f"tail rows {rows} are not whole pools of {kp}", f"node {node.id}")
-    inst = store_instance(d, kp, _fp8(ctx))
-    args = (ctx.buf(key), ctx.buf(gate), ctx.weight(node, "slot_bias", ctype="float"),
+    tail = (ctx.buf(gate), ctx.weight(node, "slot_bias", ctype="float"),
             ctx.state(f"{node.id}.tail_keys", BF), ctx.state(f"{node.id}.tail_gates", BF), lit(rows),
             *_pool_args(ctx, node.id), StepInput("POS"))
-    return Launch(inst, grid=(1, 1, 1), block=(d, 1, 1), smem=0, args=args, group=group.id, nodes=(node.id,))
+    if norm is None:
+        return Launch(store_instance(d, kp, _fp8(ctx)), grid=(1, 1, 1), block=(d, 1, 1), smem=0,
+                      args=(ctx.buf(key), *tail), group=group.id, nodes=(node.id,))
+    x = ctx.input(norm)
+    if block_threads(d) != d or x.dim_value != d:
+        raise LoweringError(f"index key width {d}: the fused norm + store takes one thread a channel, a power of "
+                            "two from 32 to 1024", f"node {node.id}")
+    args = (ctx.buf(x), ctx.weight(norm, ctype=BF), ctx.weight(norm, "bias", BF), flt(ctx.c.layer_norm_eps), *tail)
+    return Launch(store_instance(d, kp, _fp8(ctx), norm=True), grid=(1, 1, 1), block=(d, 1, 1), smem=0, args=args,
+                  group=group.id, nodes=(norm.id, node.id))
 
 
 def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
