@@ -30,7 +30,7 @@
 //     pool_keys (FP8 = false; the code pointers are unused and may be null) or its rotated codes
 //     and scale (FP8 = true; pool_keys unused). D a multiple of 32 (a power of two for FP8).
 //   dsa_indexer_store_norm<D, KP, FP8><<<1, D>>>(x, norm_w, norm_b, eps, gate, slot_term, kg_keys,
-//                                                rows, pool_keys, pool_codes, pool_scales, tau)
+//                                                kg_gates, rows, pool_keys, pool_codes, pool_scales, tau)
 //     (rule dsa_key_store) the same store of key = layer_norm_bf16<D, D>(x, norm_w, norm_b, eps)
 //     (layer_norm.cuh's arithmetic, bit for bit), computed in the block: x bf16 [D] is the raw
 //     index key; D a power of two in [32, 1024] (the norm's block rule gives D threads).

@@ -14,7 +14,9 @@
 //   mu = sum(x) / D;  var = sum((x - mu)^2) / D (biased, two-pass);  r = rsqrtf(var + eps)
 //   y_i = rn_bf16(((x_i - mu) * r) * gamma_i + beta_i)
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
-// extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+// extern "C" __global__ wrapper, which must carry the same __launch_bounds__; layer_norm_row_f32
+// (one row, before the BF16 rounding) for a kernel that uses the normalised row itself (the DSA
+// index store's fused form, dsa_indexer.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
