@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import networkx as nx
+
 from kbpc.errors import KbpcError
 from kbpc.ir.plan import FusionRecord, LoweredGroup, Plan
 from kbpc.passes.fusion_rules import FUSION_RULES, FusionRule
@@ -85,20 +87,17 @@ def fuse_groups(plan: Plan) -> Plan:
 
 def _in_dependency_order(plan: Plan) -> tuple[LoweredGroup, ...]:
     """The groups in their order, except that a merged group sitting before a producer of one of its
-    later members moves down just after it (a stable topological sort): later passes walk the
-    groups as a topological order."""
-    deps = plan.grouping.dependencies()
-    placed: set[int] = set()
-    out: list[LoweredGroup] = []
-    waiting = list(plan.groups)
-    while waiting:
-        i = next((k for k, g in enumerate(waiting) if deps[g.id] <= placed), None)
-        if i is None:   # a cycle: fuse_groups only merges convex sets, so the groups are a DAG
-            raise KbpcError("the fused groups have no dependency order", "fuse_groups")
-        g = waiting.pop(i)
-        out.append(g)
-        placed.add(g.id)
-    return tuple(out)
+    later members moves down just after it (a topological sort that takes the earliest ready group
+    first): later passes walk the groups as a topological order."""
+    index = {g.id: i for i, g in enumerate(plan.groups)}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(index)
+    graph.add_edges_from((d, g) for g, ds in plan.grouping.dependencies().items() for d in ds)
+    try:
+        order = nx.lexicographical_topological_sort(graph, key=index.get)
+        return tuple(plan.groups[index[g]] for g in order)
+    except nx.NetworkXUnfeasible:   # fuse_groups only merges convex sets, so this is a bug
+        raise KbpcError("the fused groups have no dependency order", "fuse_groups") from None
 
 
 def _neighbours(plan: Plan) -> dict[int, set[int]]:

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from kbpc.reference.layer_norm import block_threads
+
 if TYPE_CHECKING:
     from kbpc.ir.graph import Blueprint
     from kbpc.ir.records import Node
@@ -68,7 +70,6 @@ def _attend_then_fp8_quant(bp: Blueprint, nodes: list[Node]) -> str | None:
 def _norm_feeds_index_store(bp: Blueprint, nodes: list[Node]) -> str | None:
     """The index store's key is the LayerNorm's output, and the norm's block rule gives one thread a
     channel (a power-of-two width from 32 to 1024), as the store's block of D threads needs."""
-    from kbpc.reference.layer_norm import block_threads  # noqa: PLC0415
     norm = next(n for n in nodes if n.op == "layer_norm")
     store = next(n for n in nodes if n.op == "kpool_compress")
     keys = [t for t in bp.inputs(store.order) if t.src == norm.order]
