@@ -12,6 +12,8 @@ import numpy as np
 
 from kernels import Case, rotations
 
+from kbpc.ir.state import INDEX_SELECT_FILTER_CAP
+
 E, HEADS, D, H, KP, TOPK_POOLS, PAGE = 512, 32, 128, 32, 4, 512, 64
 WIDTH = (TOPK_POOLS + 1) * KP
 CONTEXTS = (1024, 16384, 131072, 524288)
@@ -91,7 +93,8 @@ class _Scratch:
     def __init__(self, pools: int):
         self.scores = _gpu(np.zeros(pools, np.float32))
         self.hist = _gpu(np.zeros(1 << BITS, np.uint32))
-        self.arrive = _gpu(np.zeros(1, np.uint32))
+        self.arrive = _gpu(np.zeros(2, np.uint32))
+        self.cand = _gpu(np.zeros(INDEX_SELECT_FILTER_CAP, np.uint64))
         self.merge = _gpu(np.zeros((1, 32, HEADS, E + 2), np.float32))
         self.counters = _gpu(np.zeros((1, 16, HEADS), np.uint32))
         self.tokens = _gpu(np.zeros(WIDTH, np.int32))
@@ -125,7 +128,7 @@ def _select_case(ctx: int, fp8: bool, qrot: bool = False, mma: bool = False) -> 
         q, w = _gpu(rng.normal(size=(H, D)).astype(np.float32)), _gpu(rng.normal(size=H).astype(np.float32))
         sc, s, tau, blocks = _Scratch(pools), _i32(ctx), _i32(ctx - 1), _blocks(pools)
         return lambda i: run((blocks, 1, 1), (512, 1, 1), q, w, *sets[i % n], s, tau, sc.scores, sc.hist, sc.arrive,
-                             sc.tokens, sync=False)
+                             sc.cand, sc.tokens, sync=False)
     form = ", rotated query" if qrot else ", tensor cores" if mma else ""
     kind = ("fp8" if fp8 else "f32") + " cache" + form
     return Case(f"dsa_indexer::select ({kind}) @{ctx}", f"ctx {ctx}: top {TOPK_POOLS} of {pools} pools", nbytes,
@@ -206,7 +209,7 @@ def _layer_case(ctx: int, fp8: bool) -> Case:
                   pdl=True, sync=False)
             store((1, 1, 1), (D, 1, 1), k, k, a, kk, gg, KP, pk, codes, scales, pos, pdl=True, sync=False)
             select((blocks, 1, 1), (512, 1, 1), q, w, pk, codes, scales, seq, pos, sc.scores, sc.hist, sc.arrive,
-                   sc.tokens, pdl=True, sync=False)
+                   sc.cand, sc.tokens, pdl=True, sync=False)
             decode(grid, (256, 1, 1), qa, cache, table, PAGE, sc.tokens, WIDTH, seq, np.float32(1),
                    out, sc.merge, sc.counters, pdl=True, sync=False)
         return launch

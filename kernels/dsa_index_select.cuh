@@ -4,11 +4,11 @@
 //
 // Launch contract
 //   dsa_index_select<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE><<<G, DSA_SELECT_THREADS>>>(q, raw_w,
-//       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, sel_tokens)
+//       pool_keys, pool_codes, pool_scales, seq_len, tau, scores, hist, arrive, cand, sel_tokens)
 //   q float [H][D]; raw_w float [H] = (W_w x)_h; pool keys as the family header says (FP8 picks
 //   pool_codes + pool_scales, else pool_keys; the other pointers may be null); scores float
-//   [capacity]; hist uint32 [2^BITS] and arrive uint32 [1], both zero at launch and left zero;
-//   sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
+//   [capacity]; hist uint32 [2^BITS] and arrive uint32 [2], both zero at launch and left zero;
+//   cand uint64 [DSA_FILTER_CAP] or null (no candidate filter); sel_tokens int32 [(TOPK_POOLS + 1) * KP]. Any G >= 1 (one CTA per SM fills the GPU); H <= 128,
 //   D a multiple of 32 and <= 128 (a power of two for FP8), TOPK_POOLS <= DSA_SELECT_THREADS.
 //   QROT (FP8 only; numerics `fast`) scores the codes against the rotated query, below. MMA (FP32
 //   cache only; numerics `fast`) scores on BF16 tensor cores (dsa_index_score_mma.cuh). ORDER_FREE
@@ -21,12 +21,14 @@
 // and reduces 32 (pool, head) dot products at once with one transposed butterfly), and each pool's
 // head terms are summed in head order (the MMA form: each warp scores whole 16-pool tiles of the
 // CTA's range from registers, no staging or barriers). The CTA writes its scores and adds a histogram of their
-// keys' first BITS bits to `hist`. Phase 2, the last CTA to arrive (a fenced counter): finds the
-// histogram bin holding the k-th largest key, gathers the keys above it and in it (one pass over
-// the scores), selects the top k in the total order by a radix select over the 64-bit rank keys
-// (score key, complemented pool index) in shared memory, or, when the bin holds more candidates
-// than fit, by radix passes over the scores in memory; sorts the k by rank (bitonic) and expands
-// them. It clears `hist` and `arrive` for the next launch.
+// keys' first BITS bits to `hist`; past DSA_FILTER_MIN_POOLS pools (given `cand`) it then lists
+// the keys of its scores that can still be selected (dsa_filter_candidates). Phase 2, the last CTA
+// to arrive (a fenced counter): finds the histogram bin holding the k-th largest key, gathers the
+// keys above it and in it (from the list, or one pass over the scores), selects the top k in the
+// total order by a radix select over the 64-bit rank keys (score key, complemented pool index) in
+// shared memory, or, when the bin holds more candidates than fit, by radix passes over the scores
+// in memory; sorts the k by rank (bitonic) and expands them. It clears `hist` and `arrive` for the
+// next launch.
 //
 // ORDER_FREE. While the context holds at most TOPK_POOLS complete pools (2048 tokens in the seed),
 // the top k is every valid pool whatever the scores: the set is known from SEQ and POS alone, and
@@ -58,6 +60,14 @@ constexpr int DSA_SELECT_THREADS = 512;
 constexpr int DSA_SELECT_WARPS = DSA_SELECT_THREADS / 32;
 constexpr int DSA_SELECT_CHUNK = 32;        // pools staged and scored per step
 constexpr int DSA_SELECT_RANK_SLOTS = 4096; // 64-bit rank keys in shared memory: candidates + sorted
+// The candidate filter (contexts past DSA_FILTER_MIN_POOLS pools, when the launch gets `cand`):
+// each CTA lists its own scores that can still be selected, so the last CTA reads that list
+// instead of every score. DSA_FILTER_CAP rank keys fit the list; past it the last CTA scans.
+// H200, 128-expert seed shrink, the 524288 build, interleaved with the build without it: the
+// select in the step 30.2 -> 25.9 us at 128k, `kbpc bench` 5.138 / 5.134 -> 5.059 / 5.078 ms at
+// 128k and 5.451 / 5.473 -> 5.333 / 5.336 at 512k (bench/NOTES.md, thirty-first session).
+constexpr int DSA_FILTER_MIN_POOLS = 8192;
+constexpr int DSA_FILTER_CAP = 8192;
 
 // Heads per warp: 8, or the next power of two of H when H < 8.
 __host__ __device__ constexpr int dsa_heads_per_warp(int h) { return h >= 8 ? 8 : dsa_pow2_at_least(h); }
@@ -342,6 +352,68 @@ __device__ __forceinline__ void dsa_score_chunks(DsaSelectPhase1<H, D, FP8>& p1,
     }
 }
 
+// The candidate filter, every CTA after adding its histogram to the global one. A score whose
+// first-digit bin is below the k-th largest bin of any histogram that counts only scores of this
+// launch cannot be selected: k scores above it exist. Two such histograms bound it from below:
+// the CTA's own (h_own, its scores only), and a snapshot of the global one (its counts only grow,
+// so its k-th bin is at most the final one, whatever the other CTAs have added so far). The CTA
+// stages the rank keys of its scores in [begin, end) at or above the larger of the two bins in
+// shared memory (`stage`, the rank slots, free after phase 1), reserves their slots in `cand` with
+// one atomic on `count` and copies them there. Past DSA_FILTER_CAP listed keys (or a CTA whose
+// keys overflow its staging, which reserves DSA_FILTER_CAP + 1) the last CTA, seeing the count,
+// scans every score instead. Every score in a bin at or above the final k-th bin is listed, so
+// the last CTA gathers the same keys from the list as from the scores: the selection is unchanged;
+// only the list's order depends on timing, and the selection never reads it in order. Called by
+// the whole block; ends on a barrier after a fence.
+template <int BITS>
+__device__ __forceinline__ void dsa_filter_candidates(const uint32_t* h_own, const uint32_t* ghist,
+                                                      const float* scores, int begin, int end, uint32_t k,
+                                                      unsigned long long* stage, unsigned long long* cand,
+                                                      uint32_t* count, uint32_t* wsum, uint32_t* word,
+                                                      uint32_t* staged) {
+    constexpr int T = DSA_SELECT_THREADS, BPT = (1 << BITS) / T;
+    const int tid = threadIdx.x;
+    uint32_t snap[BPT], own = 0, seen = 0;
+#pragma unroll
+    for (int b = 0; b < BPT; ++b) {
+        snap[b] = __ldcg(ghist + tid * BPT + b);
+        own += h_own[tid * BPT + b];
+        seen += snap[b];
+    }
+    if (tid == 0) { *word = 0; *staged = 0; }
+    uint32_t own_above = dsa_block_suffix(own, wsum);   // (its barriers order the resets too)
+    uint32_t seen_above = dsa_block_suffix(seen, wsum);
+    uint32_t cut = 0;   // bin 0: no bound from this thread's bins
+#pragma unroll
+    for (int b = BPT - 1; b >= 0; --b) {
+        const uint32_t bin = (uint32_t)(tid * BPT + b), c_own = h_own[bin], c_seen = snap[b];
+        if (own_above < k && own_above + c_own >= k) cut = max(cut, bin);
+        if (seen_above < k && seen_above + c_seen >= k) cut = max(cut, bin);
+        own_above += c_own;
+        seen_above += c_seen;
+    }
+    if (cut) atomicMax(word, cut);
+    __syncthreads();
+    cut = *word;
+    for (int i = begin + tid; i < end; i += T) {
+        const float v = __ldcg(scores + i);
+        if (dsa_score_key(v) >> (32 - BITS) >= cut) {
+            const uint32_t at = dsa_append_slot(staged);
+            if (at < (uint32_t)DSA_SELECT_RANK_SLOTS) stage[at] = dsa_rank_key(v, i);
+        }
+    }
+    __syncthreads();   // every thread has read `word` (the cut) and staged its keys
+    const uint32_t total = *staged;
+    const bool fits = total <= (uint32_t)DSA_SELECT_RANK_SLOTS;
+    if (tid == 0) *word = atomicAdd(count, fits ? total : (uint32_t)DSA_FILTER_CAP + 1u);
+    __syncthreads();
+    const uint32_t base = *word;
+    if (fits)
+        for (uint32_t j = tid; j < total && base + j < (uint32_t)DSA_FILTER_CAP; j += T) cand[base + j] = stage[j];
+    __threadfence();
+    __syncthreads();
+}
+
 // ORDER_FREE past the all-pools regime: the pools of the gathered keys >= thr (exactly the top k)
 // listed in increasing pool index, a deterministic order without a sort. Per pass over a span of
 // 32 * WORDS pools: a bitmap in `bits` (WORDS = 2 * NSORT words, the slots candidates never use),
@@ -381,12 +453,21 @@ __device__ __forceinline__ void dsa_list_in_index_order(const unsigned long long
     }
 }
 
+// The CTA's share of phase 1: the valid pools cut into gridDim.x ranges of whole CH-pool chunks.
+template <int CH>
+__device__ __forceinline__ int dsa_cta_pools(int n) {
+    const int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
+    return max(CH, (per + CH - 1) / CH * CH);
+}
+template <int CH>
+__device__ __forceinline__ int dsa_cta_begin(int n) { return min(n, (int)blockIdx.x * dsa_cta_pools<CH>(n)); }
+
 template <int H, int D, int KP, int TOPK_POOLS, bool FP8, int BITS, bool QROT, bool MMA, bool ORDER_FREE>
 __device__ __forceinline__ void dsa_index_select_body(
     const float* q, const float* raw_w, const float* pool_keys,
     const uint8_t* pool_codes, const float* pool_scales,
     const int32_t* seq_len, const int32_t* tau, float* scores,
-    uint32_t* ghist, uint32_t* arrive, int32_t* sel_tokens) {
+    uint32_t* ghist, uint32_t* arrive, unsigned long long* cand, int32_t* sel_tokens) {
     constexpr int T = DSA_SELECT_THREADS, CH = DSA_SELECT_CHUNK, BINS = 1 << BITS;
     constexpr int NHG = (H + dsa_heads_per_warp(H) - 1) / dsa_heads_per_warp(H);
     constexpr int NSORT = T, CAND = DSA_SELECT_RANK_SLOTS - NSORT;
@@ -410,9 +491,7 @@ __device__ __forceinline__ void dsa_index_select_body(
         if (blockIdx.x == 0) dsa_expand<KP, TOPK_POOLS>([](int r) { return r; }, k, s_len, t_pos, sel_tokens);
         return;
     }
-    int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
-    per = max(CH, (per + CH - 1) / CH * CH);
-    const int begin = min(n, (int)blockIdx.x * per), end = min(n, begin + per);
+    const int begin = dsa_cta_begin<CH>(n), end = min(n, begin + dsa_cta_pools<CH>(n));
     constexpr int ROW = FP8 ? D : D * 4;   // bytes per pool row
     const char* rows = FP8 ? (const char*)pool_codes : (const char*)pool_keys;
     if (begin < end)   // the older pools are history (the newest is staged after the wait)
@@ -433,15 +512,23 @@ __device__ __forceinline__ void dsa_index_select_body(
         if (sm.hist[b]) atomicAdd(&ghist[b], sm.hist[b]);
     __threadfence();
     __syncthreads();
+    const bool filter = cand != nullptr && k > 0 && n > DSA_FILTER_MIN_POOLS;   // uniform over the grid
+    if (filter) {   // the CTA's range again (cheaper than keeping it live through phase 1)
+        const int first = dsa_cta_begin<CH>(n), last = min(n, first + dsa_cta_pools<CH>(n));
+        dsa_filter_candidates<BITS>(sm.hist, ghist, scores, first, last, (uint32_t)k, sm.rank, cand, arrive + 1,
+                                    sm.wsum, &sm.digit, &sm.count2);
+    }
     if (tid == 0) sm.last = atomicAdd(arrive, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!sm.last) return;
     __threadfence();   // acquire: every CTA's scores and histogram counts are visible
 
     // ---- phase 2: the last CTA selects and expands ----
+    const uint32_t listed = filter ? __ldcg(arrive + 1) : 0u;   // candidates the CTAs listed
     if (tid == 0) { arrive[0] = 0; sm.count = 0; }
     for (int b = tid; b < BINS; b += T) sm.hist[b] = atomicExch(&ghist[b], 0u);
     __syncthreads();
+    if (filter && tid == 0) arrive[1] = 0;   // every thread has read it (the barrier above)
     unsigned long long pick = 0;   // this thread's slot of the sorted selection
     unsigned long long thr = 1;    // the selection: every gathered key >= thr
     if (k > 0) {
@@ -458,10 +545,19 @@ __device__ __forceinline__ void dsa_index_select_body(
         __syncthreads();
         const uint32_t bin = sm.bin, n_gt = sm.n_gt, need = (uint32_t)k - n_gt;
         const bool fits = n_gt + sm.hist[bin] <= (uint32_t)CAND;
-        // Keys in the bins above `bin` (and in it when they fit) are exactly the scores >= its floor.
-        dsa_for_each_score(scores, n, dsa_bin_floor<BITS>(fits ? bin : bin + 1), [&](float s, int i) {
-            sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
-        });
+        // Keys in the bins above `bin` (and in it when they fit) are exactly the scores >= its floor;
+        // the filter's list holds all of them (its cut is at most `bin`) unless it overflowed.
+        const uint32_t from = fits ? bin : bin + 1;
+        if (filter && listed <= (uint32_t)DSA_FILTER_CAP) {
+            for (uint32_t i = tid; i < listed; i += T) {
+                const unsigned long long x = __ldcg(cand + i);
+                if ((uint32_t)(x >> (64 - BITS)) >= from) sm.rank[dsa_append_slot(&sm.count)] = x;
+            }
+        } else {
+            dsa_for_each_score(scores, n, dsa_bin_floor<BITS>(from), [&](float s, int i) {
+                sm.rank[dsa_append_slot(&sm.count)] = dsa_rank_key(s, i);
+            });
+        }
         __syncthreads();
         if (fits) {
             const int m = (int)sm.count;
@@ -517,9 +613,9 @@ __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
     const float* q, const float* raw_w, const float* pool_keys,
     const uint8_t* pool_codes, const float* pool_scales,
     const int32_t* seq_len, const int32_t* tau, float* scores,
-    uint32_t* hist, uint32_t* arrive, int32_t* sel_tokens) {
+    uint32_t* hist, uint32_t* arrive, unsigned long long* cand, int32_t* sel_tokens) {
     dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
-                                                           tau, scores, hist, arrive, sel_tokens);
+                                                           tau, scores, hist, arrive, cand, sel_tokens);
 }
 
 }  // namespace kbp

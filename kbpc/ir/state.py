@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 INDEX_CACHE_KINDS = ("f32", "fp8")   # Options.index_cache: the indexer's pool-key storage
 INDEX_SELECT_BIN_BITS = 11           # dsa_index_select: the score-key histogram of the first radix digit
+INDEX_SELECT_FILTER_CAP = 8192       # dsa_index_select: DSA_FILTER_CAP, the candidate list's 64-bit rank keys
 
 
 @dataclass(frozen=True)
@@ -227,10 +228,12 @@ def _of_kind(bp: Blueprint, node: Node, kind: str, options: Options) -> tuple[St
         return (StateBuffer(f"{node.id}.tail_keys", kp * d * 2, (kp, d), "bf16"),
                 StateBuffer(f"{node.id}.tail_gates", kp * d * 2, (kp, d), "bf16"))
     if kind == "index:read":   # scratch of the selection: scores per pool, key histogram, arrivals
+        # and the listed-candidate count, the candidate list of long contexts (64-bit rank keys)
         pools, bins = -(-ctx // sym["index_kpool"]), 1 << INDEX_SELECT_BIN_BITS
         return (StateBuffer(f"{node.id}.scores", pools * 4, (pools,), "f32"),
                 StateBuffer(f"{node.id}.hist", bins * 4, (bins,), "i32"),
-                StateBuffer(f"{node.id}.arrive", 4, (1,), "i32"))
+                StateBuffer(f"{node.id}.arrive", 8, (2,), "i32"),
+                StateBuffer(f"{node.id}.cand", INDEX_SELECT_FILTER_CAP * 8, (INDEX_SELECT_FILTER_CAP, 2), "i32"))
     if kind == "latent:read":   # the unquantized decode (act_quant off) merges nothing across CTAs
         return _mla_read(bp, node, options) if options.act_quant else ()
     if kind == "conv:snapshot":

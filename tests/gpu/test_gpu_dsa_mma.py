@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kbpc.codegen.families import dsa_indexer as lower_dsa
-from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS, INDEX_SELECT_FILTER_CAP
 from kbpc.reference import dsa_indexer as dsa
 from kbpc.testing.dsa_select import check_bounded_select
 
@@ -69,20 +69,21 @@ def _mma_select(h, d, topk, n_tokens, grid, scale_spread=0.0, replays=1, aligned
     scores = gpu.poisoned((cap,), np.float32)
     toks = gpu.poisoned((geo.selection_width,), np.int32)
     hist = gpu.to_gpu(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32))
-    arrive = gpu.to_gpu(np.zeros(1, np.uint32))
+    arrive = gpu.to_gpu(np.zeros(2, np.uint32))
+    cand = gpu.to_gpu(np.zeros(INDEX_SELECT_FILTER_CAP, np.uint64))
     checked = False
     for replay in range(replays):
         if replay:
             q, raw = rng.normal(size=(h, d)).astype(F32), rng.normal(size=h).astype(F32)
         run((grid, 1, 1), (lower_dsa.SELECT_THREADS, 1, 1), gpu.to_gpu(q), gpu.to_gpu(raw), keys_gpu, None, None,
             gpu.to_gpu(np.array([n_tokens], np.int32)), gpu.to_gpu(np.array([tau], np.int32)),
-            scores, hist, arrive, toks)
+            scores, hist, arrive, cand, toks)
         got = gpu.fetch(scores, allow_nan=True)
         assert np.all(np.isnan(got[n:])), "scores past the valid pools are not written"
         got = got[:n]
         ref, bound = _reference(geo, q, raw, keys[:n])
         checked = check_bounded_select(geo, got, ref, bound, gpu.fetch(toks, "tokens"), k, n_tokens, tau)
-        assert not hist.get().any() and arrive.get()[0] == 0, "scratch not returned to zero"
+        assert not hist.get().any() and not arrive.get().any(), "scratch not returned to zero"
     return checked
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kbpc.codegen.families import dsa_indexer as lower_dsa
-from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS, INDEX_SELECT_FILTER_CAP
 from kbpc.reference import dsa_indexer as dsa
 from kbpc.reference.dsa_index_cache import quantize_pool_keys
 
@@ -49,11 +49,12 @@ def _launch(form, order_free, h, d, topk, n_tokens, grid, keys, q, raw):
     scores = gpu.poisoned((keys.shape[0],), np.float32)
     toks = gpu.poisoned((geo.selection_width,), np.int32)
     hist = gpu.to_gpu(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32))
-    arrive = gpu.to_gpu(np.zeros(1, np.uint32))
+    arrive = gpu.to_gpu(np.zeros(2, np.uint32))
+    cand = gpu.to_gpu(np.zeros(INDEX_SELECT_FILTER_CAP, np.uint64))
     run((grid, 1, 1), (lower_dsa.SELECT_THREADS, 1, 1), gpu.to_gpu(q), gpu.to_gpu(raw), *pools,
         gpu.to_gpu(np.array([n_tokens], np.int32)), gpu.to_gpu(np.array([n_tokens - 1], np.int32)),
-        scores, hist, arrive, toks)
-    clean = not hist.get().any() and arrive.get()[0] == 0
+        scores, hist, arrive, cand, toks)
+    clean = not hist.get().any() and not arrive.get().any()
     return geo, gpu.fetch(scores, allow_nan=True), gpu.fetch(toks, "tokens"), clean
 
 

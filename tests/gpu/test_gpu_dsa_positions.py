@@ -14,7 +14,7 @@ from kbpc.codegen.families import dsa_indexer as lower_dsa
 from kbpc.codegen.families import glm_mla_decode as lower_mla
 from kbpc.codegen.families import glm_mla_latent_write as lower_lw
 from kbpc.codegen.records import KernelInstance
-from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS, INDEX_SELECT_FILTER_CAP
 from kbpc.reference import dsa_indexer as dsa
 from kbpc.reference.dsa_index_cache import dequantize_pool_keys, quantize_pool_keys
 from kbpc.reference.formats import bf16_bits, bf16_from_bits, to_bf16
@@ -61,7 +61,8 @@ class Chain:
                       codes=g(np.ascontiguousarray(self.ref.pool_keys)) if fp8 else None,
                       scales=g(self.ref.pool_scales) if fp8 else None,
                       scores=gpu.poisoned((cap,), np.float32),
-                      hist=g(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32)), arrive=g(np.zeros(1, np.uint32)),
+                      hist=g(np.zeros(1 << INDEX_SELECT_BIN_BITS, np.uint32)), arrive=g(np.zeros(2, np.uint32)),
+                      cand=g(np.zeros(INDEX_SELECT_FILTER_CAP, np.uint64)),
                       merge=gpu.poisoned((1, ORDER_WARPS, HEADS, E + 2), np.float32),
                       counters=g(np.zeros((1, ORDER_WARPS, HEADS), np.uint32)))
         self.write = launcher(KernelInstance("glm_mla_latent_write", "glm_mla_latent_write.cuh",
@@ -103,7 +104,7 @@ class Chain:
         q, raw = rng.normal(size=(H, D)).astype(F32), rng.normal(size=H).astype(F32)
         toks = gpu.poisoned((self.geo.selection_width,), np.int32)
         self.select((self.blocks, 1, 1), (lower_dsa.SELECT_THREADS, 1, 1), gpu.to_gpu(q), gpu.to_gpu(raw), d["pk"],
-                    d["codes"], d["scales"], seq, pos, d["scores"], d["hist"], d["arrive"], toks)
+                    d["codes"], d["scales"], seq, pos, d["scores"], d["hist"], d["arrive"], d["cand"], toks)
         ref_scores = self._ref_scores(q, raw, t)
         got = gpu.fetch(d["scores"], allow_nan=True)[:n]
         np.testing.assert_array_equal(got.view(np.uint32), ref_scores.view(np.uint32), f"scores at {t}")

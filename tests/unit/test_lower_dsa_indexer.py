@@ -11,9 +11,10 @@ from kbpc.codegen.families import dsa_indexer
 from kbpc.frontend.load import load_blueprint
 from kbpc.ir.buffers import buffer_name
 from kbpc.ir.plan import Options
-from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS, INDEX_SELECT_FILTER_CAP
 from kbpc.passes import run_pipeline
 from kbpc.targets import get_target
+from kbpc.toolchain.assets import KERNELS_DIR
 
 
 def _plan(path, **options):
@@ -118,7 +119,7 @@ def test_select(tiny):
         (launch,) = dsa_indexer.lower(ctx, g)
         node = ctx.node(g, "index_select")
         pool = next(n for n in plan.blueprint.nodes() if n.op == "kpool_compress" and n.block == node.block)
-        scores, hist, arrive = dsa_indexer.scratch_names(node.id)
+        scores, hist, arrive, cand = dsa_indexer.scratch_names(node.id)
         assert launch.instance.kernel == \
             f"kbp::dsa_index_select<{h}, {d}, {kp}, {topk}, {fp8}, {INDEX_SELECT_BIN_BITS}, {qrot}, {mma}, {order_free}>"
         capacity = -(-plan.options.max_context // kp)
@@ -128,7 +129,8 @@ def test_select(tiny):
         assert launch.args == (ctx.buf(ctx.input(node, "iq"), "float"), ctx.buf(ctx.input(node, "iw"), "float"),
                                *_pool_state(plan, ctx, pool.id), StepInput("SEQ"), StepInput("POS"),
                                ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
-                               ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
+                               ctx.state(arrive, "uint32_t"), ctx.state(cand, "unsigned long long"),
+                               ctx.buf(sel, "int32_t"))
         assert buffer_name(plan.blueprint, sel) in {b.name for b in plan.buffers}
 
 
@@ -146,9 +148,16 @@ def test_state_sizes_follow_the_index_cache(tiny):
             else:
                 assert state[f"{node.id}.pool_keys"].nbytes == pools * d * 4
         if node.op == "index_select":
-            scores, hist, arrive = dsa_indexer.scratch_names(node.id)
-            assert state[scores].shape == (pools,) and state[arrive].shape == (1,)
+            scores, hist, arrive, cand = dsa_indexer.scratch_names(node.id)
+            assert state[scores].shape == (pools,) and state[arrive].shape == (2,)
             assert state[hist].shape == (1 << INDEX_SELECT_BIN_BITS,)
+            assert state[cand].nbytes == 8 * INDEX_SELECT_FILTER_CAP
+
+
+def test_candidate_list_size_is_the_kernels():
+    """The candidate list state holds the kernel's DSA_FILTER_CAP rank keys."""
+    text = (KERNELS_DIR / "dsa_index_select.cuh").read_text()
+    assert f"constexpr int DSA_FILTER_CAP = {INDEX_SELECT_FILTER_CAP};" in text
 
 
 def test_seed_sizes(seed_path):

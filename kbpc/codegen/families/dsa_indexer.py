@@ -14,7 +14,9 @@ glm_index_select_persisted (index_select): one launch of dsa_index_select over t
 CTA per SM of the target) scores every valid pool, selects the top-k pools in the blueprint's total
 order and expands them (and the tail pool) to token ids: one launch for the blueprint's four
 (scores, a two-pass multi-CTA top-k, expansion). Its scratch is state of the select node
-(kbpc/ir/state.py, kind index:read): scores, the first-digit histogram and the arrival counter.
+(kbpc/ir/state.py, kind index:read): scores, the first-digit histogram, the arrival and
+listed-candidate counters and, past 8192 pools, the list of scores each CTA found could still be
+selected (the last CTA reads that list instead of every score; the selection is the same).
 
 Numerics `fast` with the fp8 index cache picks the select's rotated-query form (template flag
 QROT): each head's query is rotated once and a pool's score is a dot product with its codes times
@@ -39,7 +41,7 @@ from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.buffers import buffer_elements
 from kbpc.ir.ops import selection_is_a_set
 from kbpc.ir.plan import LoweredGroup
-from kbpc.ir.state import INDEX_SELECT_BIN_BITS
+from kbpc.ir.state import INDEX_SELECT_BIN_BITS, INDEX_SELECT_FILTER_CAP
 from kbpc.reference.layer_norm import block_threads  # the norm's block rule: one thread a channel
 from kbpc.targets import get_target
 
@@ -51,12 +53,13 @@ STORE_PARAMS = (f"const {BF}*", f"const {BF}*", "const float*", f"{BF}*", f"{BF}
                 "float*", "const int32_t*")
 STORE_NORM_PARAMS = (f"const {BF}*", f"const {BF}*", f"const {BF}*", "float", *STORE_PARAMS[1:])
 SELECT_PARAMS = ("const float*", "const float*", "const float*", "const uint8_t*", "const float*", "const int32_t*",
-                 "const int32_t*", "float*", "uint32_t*", "uint32_t*", "int32_t*")
+                 "const int32_t*", "float*", "uint32_t*", "uint32_t*", "unsigned long long*", "int32_t*")
 
 
-def scratch_names(select_id: str) -> tuple[str, str, str]:
-    """State buffers the select launch needs as scratch: scores, key histogram, arrival counter."""
-    return f"{select_id}.scores", f"{select_id}.hist", f"{select_id}.arrive"
+def scratch_names(select_id: str) -> tuple[str, str, str, str]:
+    """State buffers the select launch needs as scratch: scores, key histogram, arrival and
+    listed-candidate counters, the candidate list (long contexts: kernels/dsa_index_select.cuh)."""
+    return f"{select_id}.scores", f"{select_id}.hist", f"{select_id}.arrive", f"{select_id}.cand"
 
 
 def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
@@ -208,15 +211,17 @@ def _select(ctx: LowerCtx, group: LoweredGroup, node) -> Launch:
     check_select_sizes(heads, d, topk, _fp8(ctx), where, mma=_tensor_core_scores(ctx))
     if buffer_elements(ctx.bp, sel) != (topk + 1) * kp:
         raise LoweringError("selection buffer is not (top-k pools + 1) x K_P token ids", where)
-    scores, hist, arrive = scratch_names(node.id)
+    scores, hist, arrive, cand = scratch_names(node.id)
     capacity = state_buffer(ctx, scores).shape[0]
     if state_buffer(ctx, hist).shape[0] != 1 << INDEX_SELECT_BIN_BITS:
         raise LoweringError(f"histogram state {hist} does not have 2^{INDEX_SELECT_BIN_BITS} bins", where)
+    if state_buffer(ctx, cand).nbytes != INDEX_SELECT_FILTER_CAP * 8:
+        raise LoweringError(f"candidate list {cand} does not hold {INDEX_SELECT_FILTER_CAP} rank keys", where)
     blocks = select_blocks(ctx.plan.options.target, capacity)
     inst = select_instance(heads, d, kp, topk, _fp8(ctx), _rotated_query(ctx), _tensor_core_scores(ctx),
                            selection_is_a_set(ctx.bp, node, ctx.plan.options.numerics))
     args = (ctx.buf(q, "float"), ctx.buf(raw_w, "float"), *_pool_args(ctx, pool.id),
             StepInput("SEQ"), StepInput("POS"), ctx.state(scores, "float"), ctx.state(hist, "uint32_t"),
-            ctx.state(arrive, "uint32_t"), ctx.buf(sel, "int32_t"))
+            ctx.state(arrive, "uint32_t"), ctx.state(cand, "unsigned long long"), ctx.buf(sel, "int32_t"))
     return Launch(inst, grid=(blocks, 1, 1), block=(SELECT_THREADS, 1, 1), smem=0, args=args, group=group.id,
                   nodes=(node.id,), note="scores + top-k + expansion")
