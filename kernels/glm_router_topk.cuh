@@ -19,6 +19,10 @@
 //     router_gemv_topk that also quantizes x to NVFP4 with the static global scale gamma, as
 //     w4a4_quant_rows_static<H> would (fusion rule router_expert_quant: the routed experts' input):
 //     a_codes [m][H/2], a_scales [m][H/16] E4M3, a_g [m] = gamma. H % 16 == 0; same grid and block.
+//   kbp::router_cluster_topk_quant<H, E, K, CL>(same parameters; `arrive` unused)
+//     router_gemv_topk_quant as one thread-block cluster of CL CTAs a token: grid (CL, m),
+//     compile-time cluster (CL, 1, 1), block 64 * router_cluster_lpc(E, CL) (at most 512), no dynamic
+//     smem; the same bytes out. CL > 8 is a non-portable cluster width (the launcher opts in).
 // Math (kbpc.reference.glm_router_topk; FP32, no FMA contraction)
 //   s_e = 1 / (1 + expf(-z_e)), chi_e = fl(s_e + b_e) (selection only). Candidates: chi not NaN and
 //   chi > -inf. Expert a beats b if chi_a > chi_b, or chi_a == chi_b and a < b; slot r holds the
@@ -40,6 +44,7 @@
 // lanes (nvfp4_quant_group_lanes: the group scale and codes w4a4_quant_rows_static writes).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -230,6 +235,61 @@ router_gemv_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
     router_gemv_part<H, E, OPC>(w, x, logits);
     router_quant_share<H, 64 * OPC>(x, gamma, a_codes, a_scales, a_g);
     router_topk_tail<E, K, OPC>(bias, routed_scale, logits, arrive, weights, ids);
+}
+
+// ------------------------------------------------------------------ the cluster form
+// Logits a CTA of the cluster form computes: one 64-thread group each (at most 8).
+__host__ __device__ constexpr int router_cluster_lpc(int experts, int cl) { return (experts + cl - 1) / cl; }
+
+// router_gemv_topk_quant's work with the logits meeting in distributed shared memory instead of
+// L2: CTA c of token t's cluster computes logits c * LPC + s (64-thread group s, dense_row_partial's
+// order and dense_gemv_bf16_block's final add: the same bits) and stores each into CTA 0's shared
+// row; one cluster barrier (release / acquire) later CTA 0 ranks them (router_topk_row, whose
+// result does not depend on its thread count). The last-CTA form instead stores them to L2, fences,
+// counts arrivals on a global counter and reads them back in the last CTA. The logits' global copy
+// (for readers outside) and the quantizer share run between the barrier's halves: nothing in the
+// cluster reads them. Every CTA arrives once at its start, so the wait before the distributed
+// stores (they need their owner running) is already satisfied when it is reached. At 512 threads
+// the CTA is held to 64 registers (two a SM, no spills at the seed's shape), so it fits beside the
+// kernels it overlaps under PDL. H200, 128-expert seed shrink (16-CTA clusters): the router ends
+// 4.85 us after the hc boundary instead of 7.11; what that buys depends on the shared expert beside
+// the routed gate/up (kbpc/codegen/families/glm_router_topk.py, ROUTER_CLUSTER).
+template <int H, int E, int K, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(64 * router_cluster_lpc(E, CL), 2)
+router_cluster_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
+                          const float* bias, float routed_scale, float* logits, unsigned* /*arrive*/,
+                          float* weights, int* ids, float gamma, uint8_t* a_codes, uint8_t* a_scales,
+                          float* a_g) {
+    constexpr int LPC = router_cluster_lpc(E, CL), THREADS = 64 * LPC;
+    static_assert(H % 16 == 0, "router input rows of whole NVFP4 groups");
+    static_assert(CL >= 1 && CL <= 16 && LPC <= 8 && THREADS >= K, "at most 8 logits a CTA, a thread a slot");
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_arrive_relaxed();   // this CTA runs: the others may store into its shared memory
+    __shared__ float z[E];      // CTA 0's copy holds every logit of the token
+    __shared__ float part[LPC];
+    const int c = (int)cluster.block_rank(), t = blockIdx.y;
+    const int slot = threadIdx.x >> 6, l = threadIdx.x & 63, n = c * LPC + slot;
+    constexpr size_t ROW_BYTES = (size_t)H * 2, FIRST_BYTES = (size_t)64 * DENSE_BF16_BATCH * 16;
+    if (ROW_BYTES > FIRST_BYTES && n < E && t == 0)   // beyond the first batch: to L2 before the wait
+        prefetch_l2(reinterpret_cast<const char*>(w + (size_t)n * H) + FIRST_BYTES, ROW_BYTES - FIRST_BYTES, l, 64);
+    float acc = 0.0f;
+    if (n < E)   // pdl_wait inside, after the first weight batch is in flight
+        acc = dense_row_partial<H>(reinterpret_cast<const uint4*>(w + (size_t)n * H),
+                                   reinterpret_cast<const uint4*>(x + (size_t)t * H), l);
+    acc = warp_sum_down(acc);
+    if (l == 32) part[slot] = acc;   // lane 0 of the group's second warp holds P1
+    __syncthreads();
+    pdl_launch_dependents();   // as the last-CTA form: the next kernel may start, it waits for this grid
+    const float y = l == 0 && n < E ? __fadd_rn(acc, part[slot]) : 0.0f;
+    cluster_wait();   // every CTA of the cluster runs
+    if (l == 0 && n < E) *cluster.map_shared_rank(z + n, 0) = y;
+    cluster_arrive_release();
+    if (l == 0 && n < E) logits[(size_t)t * E + n] = y;
+    router_quant_share<H, THREADS>(x, gamma, a_codes, a_scales, a_g, c, CL, t);   // waits itself
+    cluster_wait_acquire();
+    if (c != 0) return;
+    router_topk_row<E, K, THREADS>(z, bias, routed_scale, weights + (size_t)t * K, ids + (size_t)t * K);
 }
 
 }  // namespace kbp

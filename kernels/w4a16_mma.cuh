@@ -20,8 +20,11 @@
 //       (kbpc/targets: l2_prefetch_bytes); the form stays for targets with a budget.
 //       several projections of one input (W4A16SegList<NSEG> by value, as w4a16_gemv_seg_list).
 //   w4a16_mma_f32_input<K, KS, T>(codes, scales, s_g, x, y, N) as w4a16_mma on an FP32 row x
-//       (16-byte aligned), staged the same way; FP16 keeps 11 of its 24 bits, so each staged value
-//       errs by up to 2^-11 |x_k| + 2^-25 2^-e (gemv_bounds.w4a16_mma_act_bound).
+//       (16-byte aligned), scaled the same way and staged in two FP16 parts, hi = f16(x 2^e) and
+//       lo = f16(x 2^e - hi), each code word's A meeting both (16 MMAs a chunk): a staged value
+//       errs by up to 2^-22 |x_k| + 2^-25 2^-e (gemv_bounds.w4a16_mma_act_bound, split). FP16
+//       alone (11 of FP32's 24 bits) put the fast shared pair outside the fast-mode criterion.
+//       K <= W4A16F_SPLIT_MAX_K.
 //   w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1>(phase, gu codes/scales/s_g, x, dn codes/scales/s_g,
 //       L, y, N): a shared expert (w4a16_shared_pair's parameters and launch order: phase 0 then
 //       phase 1 on one stream; launches sharing a TU must not overlap), with the SwiGLU row act
@@ -32,8 +35,9 @@
 //         FP32 expression act_i = silu(fminf(g, L)) * fminf(fmaxf(u, -L), L) (the reference's
 //         clamp_gate_up and silu input on the BF16 g, u), stored once.
 //       phase 1: grid = ceil(N / (16 T1)), block = 32 KS1 T1: w4a16_mma_f32_input<I, KS1, T1> of act.
-//       Requirements: K, I % 32 == 0, <= W4A16F_MAX_K. Bound: kbpc.reference.gemv_bounds.
-//       shared_pair_fast_bound (phase 0's error through the SwiGLU, plus act's FP16 rounding).
+//       Requirements: K, I % 32 == 0, K <= W4A16F_MAX_K, I <= W4A16F_SPLIT_MAX_K. Bound:
+//       kbpc.reference.gemv_bounds.shared_pair_fast_bound (phase 0's error through the SwiGLU,
+//       plus act's split FP16 staging).
 // Math (fast: a different accumulation order and precision point than the reference):
 //   w_nk = q_nk s_nj is exact in FP16 (<= 6 significant bits, |w| in [2^-10, 2688]); the kernel
 //   forms A = w * 2^-7 (exact, subnormals included) from the E2M1 bits placed as FP16 (q * 2^-14)
@@ -72,6 +76,7 @@
 namespace kbp {
 
 constexpr int W4A16F_MAX_K = 20480;  // x as FP16 pairs: 2.25 K bytes of static shared memory
+constexpr int W4A16F_SPLIT_MAX_K = 10240;  // an FP32 row staged as hi and lo FP16 pairs: twice that
 constexpr int W4A16F_BATCH = 4;      // chunks per warp whose code loads are in flight together
 // CTAs per SM the register allocation must allow: 16 warps per SM (<= 128 registers per thread),
 // enough loads in flight (two batches of 4 KB per warp) to cover the DRAM latency.
@@ -116,12 +121,26 @@ __device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], uint32_t a0, uin
 }
 
 // FP16 pairs of 8 scaled values into slot b: the pairs of e2m1x8_f16, (x3,x7) (x1,x5) (x2,x6) (x0,x4).
-__device__ __forceinline__ void w4a16f_store8(uint4* xs, int b, const float (&v)[8], float f) {
+// With xs_lo (the split staging of an FP32 row), each value h also leaves its remainder h - f16(h)
+// (exact in FP32) rounded to FP16 in xs_lo: h = hi + lo within 2^-22 |h| + 2^-25.
+__device__ __forceinline__ void w4a16f_store8(uint4* xs, uint4* xs_lo, int b, const float (&v)[8], float f) {
     float h[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) h[j] = __fmul_rn(v[j], f);
-    xs[w4a16f_slot(b)] = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
-                                    f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
+    const uint4 hi = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
+                                f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
+    xs[w4a16f_slot(b)] = hi;
+    if (xs_lo != nullptr) {
+        const uint32_t p[4] = {hi.x, hi.y, hi.z, hi.w};
+        const int lo_of[4][2] = {{3, 7}, {1, 5}, {2, 6}, {0, 4}};
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&p[i]));
+            q[i] = f32x2_to_f16x2(__fsub_rn(h[lo_of[i][0]], r.x), __fsub_rn(h[lo_of[i][1]], r.y));
+        }
+        xs_lo[w4a16f_slot(b)] = make_uint4(q[0], q[1], q[2], q[3]);
+    }
 }
 
 // The CTA's max over its threads' m (one barrier); `red` holds NT/32 floats. Returns 2^e for
@@ -143,7 +162,7 @@ __device__ __forceinline__ int w4a16f_scale_exp(float m, float* red) {
 // call it (two barriers). HOLD: where each thread has at most HOLD 8-value blocks, they are loaded
 // once and kept in registers; otherwise pass 2 loads them again (cache hits).
 template <int K, int NT, int HOLD, class Load8>
-__device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, float* red) {
+__device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, uint4* xs_lo, float* red) {
     constexpr int NB = K / 8, NBP = (K + 127) / 128 * 16, PER = (NBP + NT - 1) / NT;
     float m = 0.0f;
     if constexpr (PER <= HOLD) {
@@ -161,7 +180,7 @@ __device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, float* red
         const float f = __uint_as_float((uint32_t)(e + 127) << 23);
 #pragma unroll
         for (int p = 0; p < PER; ++p)
-            if (threadIdx.x + p * NT < NBP) w4a16f_store8(xs, threadIdx.x + p * NT, v[p], f);
+            if (threadIdx.x + p * NT < NBP) w4a16f_store8(xs, xs_lo, threadIdx.x + p * NT, v[p], f);
         __syncthreads();
         return __uint_as_float((uint32_t)(127 - e) << 23);
     } else {
@@ -178,7 +197,7 @@ __device__ __forceinline__ float w4a16f_stage(Load8 load8, uint4* xs, float* red
         for (int b = threadIdx.x; b < NBP; b += NT) {  // pass 2 (cache hits): scale, round, pair, store
             float h[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             if (b < NB) load8(b, h);
-            w4a16f_store8(xs, b, h, f);
+            w4a16f_store8(xs, xs_lo, b, h, f);
         }
         __syncthreads();
         return __uint_as_float((uint32_t)(127 - e) << 23);
@@ -197,18 +216,22 @@ __device__ __forceinline__ float w4a16f_stage_x(const __nv_bfloat16* x, uint4* x
             h[2 * j] = __uint_as_float(v[j] << 16);
             h[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
         }
-    }, xs, red);
+    }, xs, nullptr, red);
 }
 
 // x as K FP32 values (16-byte aligned; the shared pair's SwiGLU row, written by the previous launch:
-// read through L2, and held in registers where a thread has at most two 8-value blocks).
+// read through L2, and held in registers where a thread has at most two 8-value blocks), split
+// into FP16 hi (xs) and lo (xs_lo) parts: FP16 alone keeps 11 of FP32's 24 bits, and that staging
+// error set the pair's whole error (tiny example, fast mode: logits relative L2 0.040 against the
+// criterion's 1e-2 on an H200, twenty-sixth session); the split keeps ~22.
 template <int K, int NT>
-__device__ __forceinline__ float w4a16f_stage_f32(const float* x, uint4* xs, float* red) {
+__device__ __forceinline__ float w4a16f_stage_f32(const float* x, uint4* xs, uint4* xs_lo, float* red) {
+    static_assert(K <= W4A16F_SPLIT_MAX_K, "the split FP32 row must fit static shared memory");
     const float4* x4 = reinterpret_cast<const float4*>(x);
     return w4a16f_stage<K, NT, 2>([x4](int b, float (&h)[8]) {
         const float4 a = __ldcg(x4 + 2 * b), c = __ldcg(x4 + 2 * b + 1);
         h[0] = a.x; h[1] = a.y; h[2] = a.z; h[3] = a.w; h[4] = c.x; h[5] = c.y; h[6] = c.z; h[7] = c.w;
-    }, xs, red);
+    }, xs, xs_lo, red);
 }
 
 // One warp's code and scale registers for W4A16F_BATCH chunks (rows g and g+8).
@@ -236,9 +259,11 @@ __device__ __forceinline__ void w4a16f_load(W4A16FBatch& r, const uint8_t* cg, c
 }
 
 // The 8 MMAs of one chunk: code word i of rows g / g+8 (group i/2) against x blocks 16c + 4t + i,
-// its first MMA into d and its second into e.
-__device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_t (&sc)[2], const uint4* xs, int c,
-                                             int t, float (&d)[4], float (&e)[4]) {
+// its first MMA into d and its second into e; with xs_lo (LO: a split FP32 row) the same A against
+// the lo blocks too, into the same accumulators (16 MMAs).
+template <bool LO>
+__device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_t (&sc)[2], const uint4* xs,
+                                             const uint4* xs_lo, int c, int t, float (&d)[4], float (&e)[4]) {
     constexpr uint32_t S128 = 0x58005800u;  // FP16 pair (128, 128)
     const uint32_t sg2 = hmul2_u32(e4m3x2_to_f16x2(sc[0]), S128), s82 = hmul2_u32(e4m3x2_to_f16x2(sc[1]), S128);
     const uint32_t wg[4] = {cw[0].x, cw[0].y, cw[0].z, cw[0].w};
@@ -251,10 +276,16 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
         e2m1x8_f16(wg[i], pg);
         e2m1x8_f16(w8[i], p8);
         const uint4 xb = xs[w4a16f_slot(16 * c + 4 * t + i)];
-        mma_f16_m16n8k16(d, hmul2_u32(pg[0], selg), hmul2_u32(p8[0], sel8), hmul2_u32(pg[1], selg),
-                         hmul2_u32(p8[1], sel8), xb.x, xb.y);
-        mma_f16_m16n8k16(e, hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8), hmul2_u32(pg[3], selg),
-                         hmul2_u32(p8[3], sel8), xb.z, xb.w);
+        const uint32_t a[8] = {hmul2_u32(pg[0], selg), hmul2_u32(p8[0], sel8), hmul2_u32(pg[1], selg),
+                               hmul2_u32(p8[1], sel8), hmul2_u32(pg[2], selg), hmul2_u32(p8[2], sel8),
+                               hmul2_u32(pg[3], selg), hmul2_u32(p8[3], sel8)};
+        mma_f16_m16n8k16(d, a[0], a[1], a[2], a[3], xb.x, xb.y);
+        mma_f16_m16n8k16(e, a[4], a[5], a[6], a[7], xb.z, xb.w);
+        if constexpr (LO) {
+            const uint4 xl = xs_lo[w4a16f_slot(16 * c + 4 * t + i)];
+            mma_f16_m16n8k16(d, a[0], a[1], a[2], a[3], xl.x, xl.y);
+            mma_f16_m16n8k16(e, a[4], a[5], a[6], a[7], xl.z, xl.w);
+        }
     }
 }
 
@@ -263,10 +294,10 @@ __device__ __forceinline__ void w4a16f_chunk(const uint4 (&cw)[2], const uint16_
 // (clamped rows are read, never stored). The first batch of weight loads is issued before
 // pdl_wait(), then stage() stages the activation into xs and returns its 2^-e. Leaves each warp's
 // 16 row partials in part[warp] (after a barrier) and returns 2^-e.
-template <int K, int KS, int NT, int PF, class Stage>
+template <int K, int KS, int NT, int PF, bool LO, class Stage>
 __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t* scales,
                                             int bg, int lg, int b8, int l8, Stage stage, const uint4* xs,
-                                            float (*part)[16]) {
+                                            const uint4* xs_lo, float (*part)[16]) {
     static_assert(K % 32 == 0 && K <= W4A16F_MAX_K, "w4a16_mma: K % 32 == 0 and K <= W4A16F_MAX_K");
     static_assert(KS == 1 || KS == 2 || KS == 4 || KS == 8 || KS == 16, "w4a16_mma: KS warps per tile");
     static_assert(NT % (32 * KS) == 0 && NT <= 512, "w4a16_mma: at most 16 warps per CTA");
@@ -296,7 +327,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
 #pragma unroll
         for (int i = 0; i < W4A16F_BATCH; ++i) {
             const int c = ks + KS * (b * W4A16F_BATCH + i);
-            if (b * W4A16F_BATCH + i < PER && c < NCH) w4a16f_chunk(cur.c[i], cur.s[i], xs, c, t, d, e);  // warp-uniform
+            if (b * W4A16F_BATCH + i < PER && c < NCH) w4a16f_chunk<LO>(cur.c[i], cur.s[i], xs, xs_lo, c, t, d, e);  // warp-uniform
         }
         if (b + 1 < NBATCH) cur = nxt;
     }
@@ -310,13 +341,14 @@ __host__ __device__ constexpr int w4a16f_xs_slots(int k) { return w4a16f_slot((k
 
 // One CTA's T 16-row tiles starting at row n0 of an N-row projection: warp w takes tile w / KS;
 // the activation is staged once for all of them by stage(); y = rn_bf16(P 2^(7-e) s_g).
-template <int K, int KS, int T, int PF, class Stage>
+template <int K, int KS, int T, int PF, bool LO, class Stage>
 __device__ __forceinline__ void w4a16f_tiles_in(const uint8_t* codes, const uint8_t* scales,
                                                 float gscale, __nv_bfloat16* y, int N, int n0, Stage stage,
-                                                const uint4* xs, float (*part)[16]) {
+                                                const uint4* xs, const uint4* xs_lo, float (*part)[16]) {
     static_assert(T >= 1 && T * KS <= 16, "w4a16_mma: at most 16 warps per CTA");
     const int r0 = n0 + 16 * ((threadIdx.x >> 5) / KS);
-    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, PF>(codes, scales, r0, N - 1, r0 + 8, N - 1, stage, xs, part);
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, PF, LO>(codes, scales, r0, N - 1, r0 + 8, N - 1, stage, xs,
+                                                                  xs_lo, part);
     const int tile = threadIdx.x >> 4, row = threadIdx.x & 15, n = n0 + 16 * tile + row;
     if (tile < T && n < N) {
         float p = part[tile * KS][row];
@@ -333,8 +365,8 @@ __device__ __forceinline__ void w4a16f_tiles(const uint8_t* codes, const uint8_t
                                              const __nv_bfloat16* x) {
     __shared__ uint4 xs[w4a16f_xs_slots(K)];
     __shared__ float red[T * KS], part[T * KS][16];
-    w4a16f_tiles_in<K, KS, T, PF>(codes, scales, gscale, y, N, n0,
-                                  [&]() { return w4a16f_stage_x<K, 32 * T * KS>(x, xs, red); }, xs, part);
+    w4a16f_tiles_in<K, KS, T, PF, false>(codes, scales, gscale, y, N, n0,
+                                         [&]() { return w4a16f_stage_x<K, 32 * T * KS>(x, xs, red); }, xs, nullptr, part);
 }
 
 template <int K, int KS, int T, int PF = 0>
@@ -379,10 +411,12 @@ __device__ __forceinline__ void w4a16_mma_f32_input_dev(const uint8_t* codes,
                                                         const uint8_t* scales, float gscale,
                                                         const float* x, __nv_bfloat16* y,
                                                         int N) {
-    __shared__ uint4 xs[w4a16f_xs_slots(K)];
+    __shared__ uint4 xs[2 * w4a16f_xs_slots(K)];   // hi, then lo
     __shared__ float red[T * KS], part[T * KS][16];
-    w4a16f_tiles_in<K, KS, T, 0>(codes, scales, gscale, y, N, blockIdx.x * 16 * T,
-                                 [&]() { return w4a16f_stage_f32<K, 32 * T * KS>(x, xs, red); }, xs, part);
+    uint4* xs_lo = xs + w4a16f_xs_slots(K);
+    w4a16f_tiles_in<K, KS, T, 0, true>(codes, scales, gscale, y, N, blockIdx.x * 16 * T,
+                                       [&]() { return w4a16f_stage_f32<K, 32 * T * KS>(x, xs, xs_lo, red); }, xs, xs_lo,
+                                       part);
 }
 
 template <int K, int KS, int T>
@@ -408,9 +442,9 @@ __device__ __forceinline__ void w4a16f_pair_gate_up(const uint8_t* codes,
                                                     uint4* xs, float* red, float (*part)[16]) {
     static_assert(I % 8 == 0, "w4a16_mma_shared_pair: 8 gate and 8 up rows per tile");
     const int tau = blockIdx.x * T + (threadIdx.x >> 5) / KS;
-    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, 0>(
+    const float unscale = w4a16f_mac<K, KS, 32 * KS * T, 0, false>(
         codes, scales, 8 * tau, I - 1, I + 8 * tau, 2 * I - 1,
-        [&]() { return w4a16f_stage_x<K, 32 * KS * T>(x, xs, red); }, xs, part);
+        [&]() { return w4a16f_stage_x<K, 32 * KS * T>(x, xs, red); }, xs, nullptr, part);
     const int tile = threadIdx.x >> 3, row = threadIdx.x & 7, i = 8 * (blockIdx.x * T + tile) + row;
     if (tile < T && i < I) {
         float pg = part[tile * KS][row], pu = part[tile * KS][row + 8];
@@ -436,15 +470,18 @@ __device__ __forceinline__ void w4a16_mma_shared_pair_dev(int phase, const uint8
                                                           const uint8_t* dn_scales, float dn_gscale,
                                                           float limit, __nv_bfloat16* y, int N) {
     static_assert(KS0 * T0 <= 16 && KS1 * T1 <= 16, "w4a16_mma_shared_pair: at most 16 warps per CTA");
-    constexpr int SLOTS = w4a16f_xs_slots(K) > w4a16f_xs_slots(I) ? w4a16f_xs_slots(K) : w4a16f_xs_slots(I);
-    __shared__ uint4 xs[SLOTS];  // one staging buffer for both phases
+    // One staging buffer for both phases: x, or the act row's hi then lo parts.
+    constexpr int SLOTS = w4a16f_xs_slots(K) > 2 * w4a16f_xs_slots(I) ? w4a16f_xs_slots(K) : 2 * w4a16f_xs_slots(I);
+    __shared__ uint4 xs[SLOTS];
+    uint4* xs_lo = xs + w4a16f_xs_slots(I);
     __shared__ float red[16], part[16][16];
     float* act = w4a16f_pair_row<I>;
     if (phase == 0)  // uniform per launch
         w4a16f_pair_gate_up<K, I, KS0, T0>(gu_codes, gu_scales, gu_gscale, x, limit, act, xs, red, part);
     else
-        w4a16f_tiles_in<I, KS1, T1, 0>(dn_codes, dn_scales, dn_gscale, y, N, blockIdx.x * 16 * T1,
-                                    [&]() { return w4a16f_stage_f32<I, 32 * KS1 * T1>(act, xs, red); }, xs, part);
+        w4a16f_tiles_in<I, KS1, T1, 0, true>(dn_codes, dn_scales, dn_gscale, y, N, blockIdx.x * 16 * T1,
+                                          [&]() { return w4a16f_stage_f32<I, 32 * KS1 * T1>(act, xs, xs_lo, red); },
+                                          xs, xs_lo, part);
 }
 
 template <int K, int I, int KS0, int T0, int KS1, int T1>

@@ -14,7 +14,10 @@ a row past the GEMV's first load batch (6144), the top-k's limits (1024 experts,
 expert: 64 threads for 256 groups; 3 experts: 192 threads for 512 groups, the last pass partial).
 One and three rows, with a zero row and a zero
 group (scale 0), and a gamma small enough that some values saturate. Launches in a row on one
-arrival counter, with and without PDL, unsynchronized: every launch's bytes still equal."""
+arrival counter, with and without PDL, unsynchronized: every launch's bytes still equal.
+The cluster form (kbp::router_cluster_topk_quant: one thread-block cluster of ceil(E / 8) CTAs a
+row, the logits meeting in distributed shared memory) is held to the same bytes wherever the
+cluster fits Hopper's 16 CTAs (CLUSTER_SHAPES), 16-wide clusters included."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,6 +40,17 @@ QUANT_BLOCK = (256, 1, 1)   # w4a4_quant_rows_static's block
 # (hidden, experts, top k)
 SHAPES = [(4096, 128, 8), (4096, 288, 8), (256, 8, 2), (6144, 256, 8), (1024, 1024, 32), (208, 33, 4),
           (512, 700, 8), (4096, 1, 1), (8192, 3, 2)]
+MAX_CLUSTER = 16   # Hopper's non-portable cluster width (kbpc.targets: sm_90a)
+# The shapes the cluster form serves (at most 8 logits a CTA), with rows past the first weight batch
+# (6144, 8192: the L2 prefetch) and clusters of 1, 4, 5, 8 and 16 CTAs.
+CLUSTER_SHAPES = [(4096, 128, 8), (256, 8, 2), (6144, 64, 8), (208, 33, 4), (4096, 1, 1), (8192, 3, 2),
+                  (1024, 121, 32)]
+
+
+def _cluster(e: int) -> int:
+    """The cluster width the lowering picks where the form is on (router_cluster), 0 past Hopper's."""
+    cl = -(-e // lower_router.CLUSTER_LOGITS)
+    return cl if cl <= MAX_CLUSTER else 0
 
 
 def instances() -> list[KernelInstance]:
@@ -45,6 +59,7 @@ def instances() -> list[KernelInstance]:
     for h, e, k in SHAPES:
         out += [lower_router.fused_quant_instance(h, e, k), lower_router.fused_instance(h, e, k),
                 ki.w4a4_quant_rows_static(h)]
+    out += [lower_router.cluster_quant_instance(h, e, k, _cluster(e)) for h, e, k in CLUSTER_SHAPES]
     return out
 
 
@@ -73,7 +88,9 @@ class _Router:
         self.route = launcher(lower_router.fused_instance(h, e, k))
         self.quant = launcher(ki.w4a4_quant_rows_static(h))
         self.w, self.bias = gpu.to_gpu(bf16_bits(w)), gpu.to_gpu(bias)
-        self.arrive = {"fused": gpu.to_gpu(np.zeros(1, np.uint32)), "apart": gpu.to_gpu(np.zeros(1, np.uint32))}
+        self.cl = _cluster(e)
+        self.cluster = launcher(lower_router.cluster_quant_instance(h, e, k, self.cl)) if self.cl else None
+        self.arrive = {f: gpu.to_gpu(np.zeros(1, np.uint32)) for f in ("fused", "apart", "cluster")}
         self.keep = []   # inputs alive until the test ends (unsynchronized launches may not have run)
 
     def _outputs(self, m: int):
@@ -92,6 +109,10 @@ class _Router:
         route = (self.w, xd, self.bias, SCALE, logits, self.arrive[form], wts, ids)
         if form == "fused":
             self.fused(grid, block, *route, np.float32(gamma), codes, scales, g, pdl=pdl, sync=sync)
+        elif form == "cluster":
+            lpc = -(-self.e // self.cl)
+            self.cluster((self.cl, m, 1), (64 * lpc, 1, 1), *route, np.float32(gamma), codes, scales, g,
+                         pdl=pdl, sync=sync)
         else:
             self.route(grid, block, *route, pdl=pdl, sync=sync)
             self.quant((m, 1, 1), QUANT_BLOCK, xd, np.float32(gamma), codes, scales, g, pdl=pdl, sync=sync)
@@ -148,7 +169,23 @@ def test_fused_quant_equals_router_then_quant(h, e, k, m, saturate):
     apart = _fetch(router.launch(x, gamma, "apart"), "two launches")
     _assert_same(fused, apart, seed)
     _assert_reference(fused, x, w, bias, gamma, k, seed)
-    assert router.counters() == {"fused": 0, "apart": 0}, f"arrival counters left at {router.counters()} (seed {seed})"
+    if router.cluster:
+        _assert_same(_fetch(router.launch(x, gamma, "cluster"), "cluster"), apart, seed, " (cluster form)")
+    assert router.counters() == {"fused": 0, "apart": 0, "cluster": 0}, \
+        f"arrival counters left at {router.counters()} (seed {seed})"
+
+
+@pytest.mark.parametrize("h,e,k", [s for s in CLUSTER_SHAPES if s not in SHAPES])
+def test_cluster_form_alone(h, e, k):
+    """The cluster-only shapes against the two-launch chain and the reference."""
+    seed = _fresh_seed()
+    rng = np.random.default_rng(seed)
+    x, w, bias = _case(rng, h, e, 3)
+    gamma = F32(float(np.abs(x).max() or 1.0) / 2688)
+    router = _Router(h, e, k, w, bias)
+    got = _fetch(router.launch(x, gamma, "cluster"), "cluster")
+    _assert_same(got, _fetch(router.launch(x, gamma, "apart"), "two launches"), seed, " (cluster form)")
+    _assert_reference(got, x, w, bias, gamma, k, seed)
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["serial", "pdl"])
@@ -164,9 +201,13 @@ def test_launches_in_a_row(h, e, k, pdl):
     for _ in range(6):
         x = _rows(rng, h, int(rng.integers(1, 4)))
         gamma = F32(float(np.abs(x).max() or 1.0) / 2688)
-        cases.append((router.launch(x, gamma, "fused", pdl=pdl, sync=False),
-                      router.launch(x, gamma, "apart", pdl=pdl, sync=False)))
+        forms = ("fused", "apart", "cluster") if router.cluster else ("fused", "apart")
+        cases.append([router.launch(x, gamma, f, pdl=pdl, sync=False) for f in forms])
     gpu.synchronize()
-    for i, (fused, apart) in enumerate(cases):
-        _assert_same(_fetch(fused, f"fused {i}"), _fetch(apart, f"two launches {i}"), seed, f" of launch {i}")
-    assert router.counters() == {"fused": 0, "apart": 0}, f"arrival counters left at {router.counters()} (seed {seed})"
+    for i, (fused, apart, *cluster) in enumerate(cases):
+        want = _fetch(apart, f"two launches {i}")
+        _assert_same(_fetch(fused, f"fused {i}"), want, seed, f" of launch {i}")
+        for c in cluster:
+            _assert_same(_fetch(c, f"cluster {i}"), want, seed, f" of cluster launch {i}")
+    assert router.counters() == {"fused": 0, "apart": 0, "cluster": 0}, \
+        f"arrival counters left at {router.counters()} (seed {seed})"

@@ -142,11 +142,27 @@ def _same_arg(a, b) -> bool:
     return a == b
 
 
-def test_router_expert_quant_launches(tiny_rq, tiny_default):
-    """Two launches per merged group: router_gemv_topk_quant with the fused router's arguments, then
+@pytest.fixture(params=["cluster", "last_cta"])
+def router_form(request, monkeypatch):
+    """Both forms of the quantizing router: the cluster form (the default where it fits) and the
+    last-CTA form (ROUTER_CLUSTER off, or routers wider than the target's cluster)."""
+    monkeypatch.setattr(glm_router_topk, "ROUTER_CLUSTER", request.param == "cluster")
+    return request.param
+
+
+def test_router_cluster_width():
+    """ceil(E / 8) CTAs where the target's cluster holds them, else 0 (the last-CTA form)."""
+    assert [glm_router_topk.router_cluster(e, 16) for e in (1, 8, 9, 33, 128, 129, 288)] == [1, 1, 2, 5, 16, 0, 0]
+    assert glm_router_topk.router_cluster(128, 8) == 0 and glm_router_topk.router_cluster(64, 8) == 8
+
+
+def test_router_expert_quant_launches(tiny_rq, tiny_default, router_form):
+    """Two launches per merged group: router_gemv_topk_quant (or, where its cluster fits,
+    router_cluster_topk_quant with one cluster a row) with the fused router's arguments, then
     gamma and the quantizer's scratch rows (what w4a4_quant_rows_static gets in the unfused plan),
     and the gate/up slot GEMV exactly as the unfused group lowers it."""
     from kbpc.codegen.families import lower_group, w4a4_mx_static
+    from kbpc.targets import get_target
     plan, ctx = tiny_rq
     plain, plain_ctx = tiny_default
     groups = [g for g in plan.groups if g.rule == "fused:router_expert_quant"]
@@ -156,10 +172,18 @@ def test_router_expert_quant_launches(tiny_rq, tiny_default):
         router, node, quant, expert = (ctx.node(g, op) for op in ("router", "top_k", "act_quant", "expert_gate_up"))
         h, e, k = ctx.input(router).dim_value, ctx.input(node).dim_value, plan.blueprint.symbols["top_k"]
         opc = glm_router_topk.fused_outputs_per_cta(e)
-        assert route.instance == glm_router_topk.fused_quant_instance(h, e, k)
-        assert route.instance.kernel == f"kbp::router_gemv_topk_quant<{h}, {e}, {k}, {opc}>"
+        cl = glm_router_topk.router_cluster(e, get_target(plan.options.target).max_cluster)
+        assert bool(cl) == (router_form == "cluster")   # the tiny example's 8 experts: one CTA
+        if cl:
+            assert route.instance == glm_router_topk.cluster_quant_instance(h, e, k, cl)
+            assert route.instance.kernel == f"kbp::router_cluster_topk_quant<{h}, {e}, {k}, {cl}>"
+            assert route.instance.cluster == cl
+            assert (route.grid, route.block, route.smem) == ((cl, 1, 1), (64 * -(-e // cl), 1, 1), 0)
+        else:
+            assert route.instance == glm_router_topk.fused_quant_instance(h, e, k)
+            assert route.instance.kernel == f"kbp::router_gemv_topk_quant<{h}, {e}, {k}, {opc}>"
+            assert (route.grid, route.block, route.smem) == ((-(-e // opc), 1, 1), (64 * opc, 1, 1), 0)
         assert route.instance.params == glm_router_topk.FUSED_PARAMS + ("float", "uint8_t*", "uint8_t*", "float*")
-        assert (route.grid, route.block, route.smem) == ((-(-e // opc), 1, 1), (64 * opc, 1, 1), 0)
         assert route.nodes == (router.id, node.id, quant.id)
         rows = (ctx.state(f"{quant.id}.codes", "uint8_t"), ctx.state(f"{quant.id}.scales", "uint8_t"),
                 ctx.state(f"{quant.id}.g", "float"))

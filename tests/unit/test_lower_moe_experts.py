@@ -71,7 +71,7 @@ def test_gate_up_pair(tiny_path, numerics, fast):
         gate_up, act = nodes["expert_gate_up"], nodes["silu_mul"]
         k, i = ctx.input(gate_up).dim_value, ctx.output(act).dim_value
         rows = _down_input_rows(ctx, act)
-        assert route.instance.kernel.startswith("kbp::router_gemv_topk_quant<")
+        assert route.instance.kernel.startswith(("kbp::router_gemv_topk_quant<", "kbp::router_cluster_topk_quant<"))
         assert pair.instance.kernel == f"kbp::moe_gate_up_pair<{k}, {i}{fast}>"
         assert pair.grid == (i // 16, top_k, 1) and pair.block == moe_experts.PAIR_BLOCK
         assert pair.args[1] == lit(top_k) and pair.args[2:5] == route.args[-3:]   # the router's quantized row

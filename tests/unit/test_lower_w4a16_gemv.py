@@ -130,14 +130,20 @@ def test_fast_forms(tiny_fast):
             assert launch.instance.kernel == f"kbp::w4a16_mma_seg_list<{k}, {ks}, {t}, {len(nodes)}, {pf}>"
 
 
-def test_fast_shared_pair_is_not_the_default(tiny, tiny_fast):
-    """The fast pair measured outside the fast-mode criterion (module docstring): fast mode lowers
-    the exact pair unless SHARED_PAIR_FAST is set."""
+def test_fast_shared_pair_is_the_fast_default(tiny, tiny_fast, monkeypatch):
+    """Fast mode lowers the tensor-core pair by default (SHARED_PAIR_FAST), exact mode the exact
+    pair; with SHARED_PAIR_FAST off fast mode lowers the exact pair too."""
     plan, ctx = tiny_fast
     plan_x, ctx_x = tiny
-    for g in _groups(plan, "glm_w4a16_pipe_shared_1row"):
+    groups = _groups(plan, "glm_w4a16_pipe_shared_1row")
+    assert groups
+    for g in groups:
         exact = w4a16_gemv.lower(ctx_x, next(e for e in _groups(plan_x, g.rule) if e.id == g.id))
+        assert {l.instance.kernel.split("<")[0] for l in exact} == {"kbp::w4a16_shared_pair"}
+        assert {l.instance.kernel.split("<")[0] for l in w4a16_gemv.lower(ctx, g)} == {"kbp::w4a16_mma_shared_pair"}
+        monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", False)
         assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == [l.instance for l in exact]
+        monkeypatch.undo()
 
 
 def test_fast_shared_pair(tiny, tiny_fast, monkeypatch):
@@ -179,6 +185,9 @@ def test_fast_shared_pair_falls_back(tiny_fast, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(w4a16_gemv, "SHARED_PAIR_FAST", True)
     monkeypatch.setattr(w4a16_gemv, "MMA_MAX_K", min(i, k) - 1)
+    assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
+    monkeypatch.undo()   # the split act row (hi and lo FP16 parts) takes twice the staging: I's own limit
+    monkeypatch.setattr(w4a16_gemv, "MMA_SPLIT_MAX_K", i - 1)
     assert [l.instance for l in w4a16_gemv.lower(ctx, g)] == exact
 
 

@@ -15,7 +15,6 @@ from kbpc.testing.lowering import planned
 # w4a4_gemv_moe_slots); the per-CTA quantizing slot GEMV (w4a4_gemv_moe_slots_bf16, the step's form
 # before 2026-12-01) is no longer lowered, so its instance is only checked here by hand.
 NOT_IN_EXAMPLES = {"kbp::w4a4_gemv_moe_slots_bf16",   # kept for the benches
-                   "kbp::w4a16_mma_shared_pair",       # not lowered by default (w4a16_gemv.SHARED_PAIR_FAST)
                    "kbp::w4a4_quant_swiglu_rows_static",   # rule moe_swiglu_down (the examples lower unfused here)
                    "kbp::w4a4_gemv_moe_slots_after_quant",  # its down projection, likewise
                    "kbp::w4a4_gemv_moe_gate_up_swiglu"}    # opt-in rule moe_gate_up_swiglu

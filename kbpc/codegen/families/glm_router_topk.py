@@ -11,7 +11,9 @@
 - fused:router_expert_quant (router, top_k, the routed experts' act_quant and expert_gate_up):
   router_gemv_topk_quant, the fused router whose CTAs also quantize the router's input row to
   NVFP4 with the experts' static scale into the quantizer's scratch rows (the bytes
-  w4a4_quant_rows_static writes), then the slot GEMV as w4a4_mx_static lowers it (routed_slots)."""
+  w4a4_quant_rows_static writes), then the slot GEMV as w4a4_mx_static lowers it (routed_slots).
+  Where the target's clusters hold ceil(E / 8) CTAs (ROUTER_CLUSTER), router_cluster_topk_quant:
+  the same bytes, the logits meeting in distributed shared memory instead of an L2 arrival."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +31,7 @@ from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
 from kbpc.ir.records import Node, Tensor
 from kbpc.ir.state import ROUTED_EXPERT_OPS, router_state
+from kbpc.targets import get_target
 
 if TYPE_CHECKING:
     from kbpc.ir.graph import Blueprint
@@ -42,6 +45,17 @@ FUSED_EXPERTS_PER_THREAD = 1
 FUSED_PARAMS = ("const __nv_bfloat16*", "const __nv_bfloat16*", "const float*", "float", "float*",
                 "unsigned int*", "float*", "int*")
 QUANT_PARAMS = ("float", "uint8_t*", "uint8_t*", "float*")   # gamma, codes, scales, global scales
+# The fused quantizing router as one thread-block cluster a token (router_cluster_topk_quant), where
+# ceil(E / CLUSTER_LOGITS) CTAs fit the target's cluster: 8 logits a CTA, one 64-thread group each.
+# H200, 128-expert seed shrink (16-CTA clusters), 1k, replay timelines: the router ends 4.85 us
+# after the hc boundary instead of 7.11, but alone it gains nothing (the routed gate/up then ends
+# at the same time, 30.9 against 31.0 us, the exact shared expert's gate/up holding SMs beside it;
+# `kbpc bench` 4.811 / 4.775 against 4.765 / 4.766 ms). With the shared expert out of the way it
+# pays: in probes without the shared expert 4.687 ms against 4.758 with the last-CTA router, the tensor-core shared pair
+# (w4a16_gemv.SHARED_PAIR_FAST) with it 4.739 / 4.744 against 4.772 / 4.805 with neither, 16k
+# 4.946 / 4.969 against 4.969 / 4.985 (bench/NOTES.md, thirty-first session). Logits bit-equal.
+ROUTER_CLUSTER = True
+CLUSTER_LOGITS = 8
 
 
 def router_threads(experts: int) -> int:
@@ -70,6 +84,19 @@ def fused_quant_instance(hidden: int, experts: int, k: int) -> KernelInstance:
     opc = fused_outputs_per_cta(experts)
     return KernelInstance("glm_router_topk", HEADER,
                           f"kbp::router_gemv_topk_quant<{hidden}, {experts}, {k}, {opc}>", FUSED_PARAMS + QUANT_PARAMS)
+
+
+def router_cluster(experts: int, max_cluster: int) -> int:
+    """CTAs of router_cluster_topk_quant's cluster for `experts` logits on a target whose clusters
+    hold max_cluster CTAs, or 0 where the last-CTA form serves."""
+    cl = -(-experts // CLUSTER_LOGITS)
+    return cl if ROUTER_CLUSTER and cl <= max_cluster else 0
+
+
+def cluster_quant_instance(hidden: int, experts: int, k: int, cl: int) -> KernelInstance:
+    return KernelInstance("glm_router_topk", HEADER,
+                          f"kbp::router_cluster_topk_quant<{hidden}, {experts}, {k}, {cl}>",
+                          FUSED_PARAMS + QUANT_PARAMS, cluster=cl)
 
 
 @dataclass(frozen=True)
@@ -172,6 +199,11 @@ def _route_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK,
                                 args=(*route.args, w4a4_mx_static.gamma(ctx, quant), rows.codes, rows.scales,
                                       rows.globals),
                                 nodes=(*route.nodes, quant.id))
+    cl = router_cluster(t.experts, get_target(ctx.plan.options.target).max_cluster)
+    if cl and xr.dim_value % 16 == 0 and t.slots <= 64 * -(-t.experts // cl):
+        lpc = -(-t.experts // cl)
+        route = dataclasses.replace(route, instance=cluster_quant_instance(xr.dim_value, t.experts, t.slots, cl),
+                                    grid=(cl, t.rows, 1), block=(64 * lpc, 1, 1))
     return route, rows, x
 
 

@@ -30,20 +30,23 @@ pair's fast form, w4a16_mma_shared_pair<K, I, KS0, T0, KS1, T1> (`pair_shapes`),
 depths, K and I (the down projection's), within those limits: phase 0's tiles hold 8 gate rows and
 their 8 up rows, so each CTA finishes g_i and u_i together and writes act_i = silu(clamp g_i) *
 clamp u_i (glm_swiglu_clamp's exact element expression on the BF16-rounded g, u) once, in FP32,
-to the scratch; phase 1 stages that row as FP16 (per-CTA power-of-two scale, as x is staged) for
-the down MMA GEMV. Where K or I misses them (not a multiple of 32: a lane loads 32 codes of a row;
-above MMA_MAX_K: the staged row must fit static shared memory), the whole pair keeps the exact
-form, since its two phases share one TU and one scratch row. Two launches, not one: every down
+to the scratch; phase 1 stages that row (per-CTA power-of-two scale, as x is staged) as two FP16
+parts, hi and lo, for the down MMA GEMV. Where K or I misses them (not a multiple of 32: a lane
+loads 32 codes of a row; above MMA_MAX_K, or I above MMA_SPLIT_MAX_K: the staged rows must fit
+static shared memory), the whole pair keeps the exact form, since its two phases share one TU and one scratch row. Two launches, not one: every down
 output needs the whole act row, so phase 1 waits on all of phase 0 (a grid-wide dependency that
 one launch could only meet with a grid barrier, which needs every CTA resident); with PDL, phase 1
 issues its first weight loads before that wait.
 
-The fast pair is not chosen by default (SHARED_PAIR_FAST): on the H200 the tiny example in fast
-mode with it measured a teacher-forced logits relative L2 of 0.040 at worst over 32 positions (the
-fast-mode criterion is 1e-2; 3.0e-3 with the exact pair), where FP16 staging of the SwiGLU row,
-amplified by the 4-bit activation quantization that follows, costs more than its ~5 us a layer
-saves. The kernel, its bound and its GPU tests stay for the next attempt (e.g. FP32 or BF16x2
-staging of the row)."""
+The fast pair is fast mode's default (SHARED_PAIR_FAST). With the act row staged as FP16 alone it
+put the tiny example's teacher-forced logits at a relative L2 of 0.040 (the fast-mode criterion is
+1e-2; 3.0e-3 with the exact pair; H200, twenty-sixth session): 11 of FP32's 24 bits, amplified by
+the 4-bit activation quantization downstream. Staged as hi + lo FP16 parts it is back at 2.997e-3
+with the same greedy token at 64 / 64. In the step it pays together with the cluster router
+(glm_router_topk.ROUTER_CLUSTER), whose logits no longer cross L2 beside its faster weight stream:
+H200, 128-expert seed shrink, interleaved, `kbpc bench` 4.739 / 4.744 ms a step at 1k against
+4.772 / 4.805 with neither, 16k 4.946 / 4.969 against 4.969 / 4.985; the fast pair with the last-CTA
+router was slower (4.861 / 4.856 against 4.799 / 4.778; bench/NOTES.md, thirty-first session)."""
 from __future__ import annotations
 
 from kbpc.codegen.args import Aggregate, lit
@@ -57,9 +60,10 @@ from kbpc.targets import get_target
 MAX_SEGS = 6             # W4A16_MAX_SEGS
 SILU_MAX_K = 10240       # the silu-input form stages K FP32 values in 40 KB of static shared memory
 HEADER = "w4a16_gemv.cuh"
-SHARED_PAIR_FAST = False   # see the module docstring: measured outside the fast-mode criterion
+SHARED_PAIR_FAST = True    # fast mode: the tensor-core pair (see the module docstring)
 MMA_HEADER = "w4a16_mma.cuh"
 MMA_MAX_K = 20480        # W4A16F_MAX_K: x staged as FP16 pairs in static shared memory
+MMA_SPLIT_MAX_K = 10240  # W4A16F_SPLIT_MAX_K: the pair's FP32 act row staged as hi and lo FP16 pairs
 # Warps a launch aims at: about four waves of 16 warps on 132 SMs, so more K-split warps keep more
 # weight loads in flight (H200, 128-expert seed shrink, 1k context, three runs each: 6.47-6.69 ms a
 # step against 6.57-6.75 with 2048, one wave; the KDA six-segment projection KS 1 -> 4 ends 21 us
@@ -202,7 +206,7 @@ def _shared_pair(ctx: LowerCtx, group: LoweredGroup, gemms: list[Node]) -> list[
     args = (*nvfp4_weight(ctx, gate_up), ctx.buf(x), *nvfp4_weight(ctx, down),
             flt(ctx.c.swiglu_limit), ctx.buf(y), lit(n))
     nodes = tuple(nd.id for nd in ctx.nodes(group))
-    if SHARED_PAIR_FAST and _fast(ctx, k) and _fast(ctx, i):
+    if SHARED_PAIR_FAST and _fast(ctx, k) and _fast(ctx, i) and i <= MMA_SPLIT_MAX_K:
         shapes = pair_shapes(k, i, n)
         inst = pair_instance(k, i, shapes)
         grid0, block0, grid1, block1 = pair_launch_shapes(i, n, shapes)
