@@ -21,7 +21,7 @@
 //     a_codes [m][H/2], a_scales [m][H/16] E4M3, a_g [m] = gamma. H % 16 == 0; same grid and block.
 //   kbp::router_cluster_topk_quant<H, E, K, CL>(same parameters; `arrive` unused)
 //     router_gemv_topk_quant as one thread-block cluster of CL CTAs a token: grid (CL, m),
-//     compile-time cluster (CL, 1, 1), block 64 * router_cluster_lpc(E, CL) (at most 512), no dynamic
+//     compile-time cluster (CL, 1, 1), block router_cluster_threads(E, CL) (at most 512), no dynamic
 //     smem; the same bytes out. CL > 8 is a non-portable cluster width (the launcher opts in).
 // Math (kbpc.reference.glm_router_topk; FP32, no FMA contraction)
 //   s_e = 1 / (1 + expf(-z_e)), chi_e = fl(s_e + b_e) (selection only). Candidates: chi not NaN and
@@ -238,12 +238,18 @@ router_gemv_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
 }
 
 // ------------------------------------------------------------------ the cluster form
-// Logits a CTA of the cluster form computes: one 64-thread group each (at most 8).
+// Logits a CTA of the cluster form computes, over at most 8 64-thread groups (a group takes logits
+// s, s + 8, ...: more than one where E > 8 CL).
 __host__ __device__ constexpr int router_cluster_lpc(int experts, int cl) { return (experts + cl - 1) / cl; }
+__host__ __device__ constexpr int router_cluster_threads(int experts, int cl) {
+    return 64 * (router_cluster_lpc(experts, cl) < 8 ? router_cluster_lpc(experts, cl) : 8);
+}
 
 // router_gemv_topk_quant's work with the logits meeting in distributed shared memory instead of
-// L2: CTA c of token t's cluster computes logits c * LPC + s (64-thread group s, dense_row_partial's
-// order and dense_gemv_bf16_block's final add: the same bits) and stores each into CTA 0's shared
+// L2: CTA c of token t's cluster computes logits c * LPC + s + G r (64-thread group s of G, its
+// rows r in order; dense_row_partial's order and dense_gemv_bf16_block's final add: the same bits;
+// only the first row's weights are in flight before the wait, the others prefetched into L2 and
+// loaded after it) and stores each into CTA 0's shared
 // row; one cluster barrier (release / acquire) later CTA 0 ranks them (router_topk_row, whose
 // result does not depend on its thread count). The last-CTA form instead stores them to L2, fences,
 // counts arrivals on a global counter and reads them back in the last CTA. The logits' global copy
@@ -255,37 +261,59 @@ __host__ __device__ constexpr int router_cluster_lpc(int experts, int cl) { retu
 // 4.85 us after the hc boundary instead of 7.11; what that buys depends on the shared expert beside
 // the routed gate/up (kbpc/codegen/families/glm_router_topk.py, ROUTER_CLUSTER).
 template <int H, int E, int K, int CL>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(64 * router_cluster_lpc(E, CL), 2)
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(router_cluster_threads(E, CL), 2)
 router_cluster_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
                           const float* bias, float routed_scale, float* logits, unsigned* /*arrive*/,
                           float* weights, int* ids, float gamma, uint8_t* a_codes, uint8_t* a_scales,
                           float* a_g) {
-    constexpr int LPC = router_cluster_lpc(E, CL), THREADS = 64 * LPC;
+    constexpr int LPC = router_cluster_lpc(E, CL), THREADS = router_cluster_threads(E, CL), G = THREADS / 64;
+    constexpr int R = (LPC + G - 1) / G;   // rows a group
     static_assert(H % 16 == 0, "router input rows of whole NVFP4 groups");
-    static_assert(CL >= 1 && CL <= 16 && LPC <= 8 && THREADS >= K, "at most 8 logits a CTA, a thread a slot");
+    static_assert(CL >= 1 && CL <= 16 && THREADS >= K, "at most 16 CTAs a cluster, a thread a slot");
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster_arrive_relaxed();   // this CTA runs: the others may store into its shared memory
     __shared__ float z[E];      // CTA 0's copy holds every logit of the token
-    __shared__ float part[LPC];
+    __shared__ float part[G];
     const int c = (int)cluster.block_rank(), t = blockIdx.y;
-    const int slot = threadIdx.x >> 6, l = threadIdx.x & 63, n = c * LPC + slot;
+    const int slot = threadIdx.x >> 6, l = threadIdx.x & 63;
     constexpr size_t ROW_BYTES = (size_t)H * 2, FIRST_BYTES = (size_t)64 * DENSE_BF16_BATCH * 16;
-    if (ROW_BYTES > FIRST_BYTES && n < E && t == 0)   // beyond the first batch: to L2 before the wait
-        prefetch_l2(reinterpret_cast<const char*>(w + (size_t)n * H) + FIRST_BYTES, ROW_BYTES - FIRST_BYTES, l, 64);
-    float acc = 0.0f;
-    if (n < E)   // pdl_wait inside, after the first weight batch is in flight
-        acc = dense_row_partial<H>(reinterpret_cast<const uint4*>(w + (size_t)n * H),
-                                   reinterpret_cast<const uint4*>(x + (size_t)t * H), l);
-    acc = warp_sum_down(acc);
-    if (l == 32) part[slot] = acc;   // lane 0 of the group's second warp holds P1
-    __syncthreads();
-    pdl_launch_dependents();   // as the last-CTA form: the next kernel may start, it waits for this grid
-    const float y = l == 0 && n < E ? __fadd_rn(acc, part[slot]) : 0.0f;
+    if (t == 0)   // to L2 before the wait: all but what the first row's first batch loads
+#pragma unroll 1
+        for (int r = 0; r < R; ++r) {
+            const int n = c * LPC + slot + G * r;
+            const size_t skip = r == 0 ? FIRST_BYTES : 0;
+            if (slot + G * r < LPC && n < E && ROW_BYTES > skip)
+                prefetch_l2(reinterpret_cast<const char*>(w + (size_t)n * H) + skip, ROW_BYTES - skip, l, 64);
+        }
+    float y[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {   // uniform over the block (the barrier)
+        const int n = c * LPC + slot + G * r;
+        const bool mine = slot + G * r < LPC && n < E;
+        float acc = 0.0f;
+        if (mine)   // pdl_wait inside (the first row: after its first weight batch is in flight)
+            acc = dense_row_partial<H>(reinterpret_cast<const uint4*>(w + (size_t)n * H),
+                                       reinterpret_cast<const uint4*>(x + (size_t)t * H), l);
+        acc = warp_sum_down(acc);
+        if (l == 32) part[slot] = acc;   // lane 0 of the group's second warp holds P1
+        __syncthreads();
+        if (r == 0) pdl_launch_dependents();   // as the last-CTA form: the next kernel may start, it waits for this grid
+        y[r] = l == 0 && mine ? __fadd_rn(acc, part[slot]) : 0.0f;
+        if (R > 1) __syncthreads();   // part is reused by the next row
+    }
     cluster_wait();   // every CTA of the cluster runs
-    if (l == 0 && n < E) *cluster.map_shared_rank(z + n, 0) = y;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int n = c * LPC + slot + G * r;
+        if (l == 0 && slot + G * r < LPC && n < E) *cluster.map_shared_rank(z + n, 0) = y[r];
+    }
     cluster_arrive_release();
-    if (l == 0 && n < E) logits[(size_t)t * E + n] = y;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int n = c * LPC + slot + G * r;
+        if (l == 0 && slot + G * r < LPC && n < E) logits[(size_t)t * E + n] = y[r];
+    }
     router_quant_share<H, THREADS>(x, gamma, a_codes, a_scales, a_g, c, CL, t);   // waits itself
     cluster_wait_acquire();
     if (c != 0) return;

@@ -15,9 +15,9 @@ expert: 64 threads for 256 groups; 3 experts: 192 threads for 512 groups, the la
 One and three rows, with a zero row and a zero
 group (scale 0), and a gamma small enough that some values saturate. Launches in a row on one
 arrival counter, with and without PDL, unsynchronized: every launch's bytes still equal.
-The cluster form (kbp::router_cluster_topk_quant: one thread-block cluster of ceil(E / 8) CTAs a
-row, the logits meeting in distributed shared memory) is held to the same bytes wherever the
-cluster fits Hopper's 16 CTAs (CLUSTER_SHAPES), 16-wide clusters included."""
+The cluster form (kbp::router_cluster_topk_quant: one thread-block cluster of min(ceil(E / 8), 16)
+CTAs a row, the logits meeting in distributed shared memory; past 128 experts a 64-thread group
+takes several) is held to the same bytes at every shape, Hopper's 16-wide clusters included."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,16 +41,14 @@ QUANT_BLOCK = (256, 1, 1)   # w4a4_quant_rows_static's block
 SHAPES = [(4096, 128, 8), (4096, 288, 8), (256, 8, 2), (6144, 256, 8), (1024, 1024, 32), (208, 33, 4),
           (512, 700, 8), (4096, 1, 1), (8192, 3, 2)]
 MAX_CLUSTER = 16   # Hopper's non-portable cluster width (kbpc.targets: sm_90a)
-# The shapes the cluster form serves (at most 8 logits a CTA), with rows past the first weight batch
-# (6144, 8192: the L2 prefetch) and clusters of 1, 4, 5, 8 and 16 CTAs.
-CLUSTER_SHAPES = [(4096, 128, 8), (256, 8, 2), (6144, 64, 8), (208, 33, 4), (4096, 1, 1), (8192, 3, 2),
-                  (1024, 121, 32)]
+# Shapes the cluster form alone adds: a row past the first weight batch (6144: the L2 prefetch) with
+# an 8-CTA cluster, and 121 experts (16 CTAs of 8 logits, the last short).
+CLUSTER_SHAPES = [(6144, 64, 8), (1024, 121, 32)]
 
 
 def _cluster(e: int) -> int:
-    """The cluster width the lowering picks where the form is on (router_cluster), 0 past Hopper's."""
-    cl = -(-e // lower_router.CLUSTER_LOGITS)
-    return cl if cl <= MAX_CLUSTER else 0
+    """The cluster width the lowering picks where the form is on (router_cluster)."""
+    return min(-(-e // lower_router.CLUSTER_LOGITS), MAX_CLUSTER)
 
 
 def instances() -> list[KernelInstance]:
@@ -59,7 +57,7 @@ def instances() -> list[KernelInstance]:
     for h, e, k in SHAPES:
         out += [lower_router.fused_quant_instance(h, e, k), lower_router.fused_instance(h, e, k),
                 ki.w4a4_quant_rows_static(h)]
-    out += [lower_router.cluster_quant_instance(h, e, k, _cluster(e)) for h, e, k in CLUSTER_SHAPES]
+    out += [lower_router.cluster_quant_instance(h, e, k, _cluster(e)) for h, e, k in SHAPES + CLUSTER_SHAPES]
     return out
 
 
@@ -89,7 +87,7 @@ class _Router:
         self.quant = launcher(ki.w4a4_quant_rows_static(h))
         self.w, self.bias = gpu.to_gpu(bf16_bits(w)), gpu.to_gpu(bias)
         self.cl = _cluster(e)
-        self.cluster = launcher(lower_router.cluster_quant_instance(h, e, k, self.cl)) if self.cl else None
+        self.cluster = launcher(lower_router.cluster_quant_instance(h, e, k, self.cl))
         self.arrive = {f: gpu.to_gpu(np.zeros(1, np.uint32)) for f in ("fused", "apart", "cluster")}
         self.keep = []   # inputs alive until the test ends (unsynchronized launches may not have run)
 
@@ -110,9 +108,8 @@ class _Router:
         if form == "fused":
             self.fused(grid, block, *route, np.float32(gamma), codes, scales, g, pdl=pdl, sync=sync)
         elif form == "cluster":
-            lpc = -(-self.e // self.cl)
-            self.cluster((self.cl, m, 1), (64 * lpc, 1, 1), *route, np.float32(gamma), codes, scales, g,
-                         pdl=pdl, sync=sync)
+            block = (lower_router.cluster_threads(self.e, self.cl), 1, 1)
+            self.cluster((self.cl, m, 1), block, *route, np.float32(gamma), codes, scales, g, pdl=pdl, sync=sync)
         else:
             self.route(grid, block, *route, pdl=pdl, sync=sync)
             self.quant((m, 1, 1), QUANT_BLOCK, xd, np.float32(gamma), codes, scales, g, pdl=pdl, sync=sync)
@@ -169,13 +166,12 @@ def test_fused_quant_equals_router_then_quant(h, e, k, m, saturate):
     apart = _fetch(router.launch(x, gamma, "apart"), "two launches")
     _assert_same(fused, apart, seed)
     _assert_reference(fused, x, w, bias, gamma, k, seed)
-    if router.cluster:
-        _assert_same(_fetch(router.launch(x, gamma, "cluster"), "cluster"), apart, seed, " (cluster form)")
+    _assert_same(_fetch(router.launch(x, gamma, "cluster"), "cluster"), apart, seed, " (cluster form)")
     assert router.counters() == {"fused": 0, "apart": 0, "cluster": 0}, \
         f"arrival counters left at {router.counters()} (seed {seed})"
 
 
-@pytest.mark.parametrize("h,e,k", [s for s in CLUSTER_SHAPES if s not in SHAPES])
+@pytest.mark.parametrize("h,e,k", CLUSTER_SHAPES)
 def test_cluster_form_alone(h, e, k):
     """The cluster-only shapes against the two-launch chain and the reference."""
     seed = _fresh_seed()
@@ -189,7 +185,7 @@ def test_cluster_form_alone(h, e, k):
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["serial", "pdl"])
-@pytest.mark.parametrize("h,e,k", [(4096, 128, 8), (208, 33, 4), (4096, 1, 1)])
+@pytest.mark.parametrize("h,e,k", [(4096, 128, 8), (208, 33, 4), (4096, 1, 1), (4096, 288, 8)])
 def test_launches_in_a_row(h, e, k, pdl):
     """6 launches of each form back to back without synchronizing (a replayed step does the same):
     every fused launch's bytes equal its two-launch twin's, the counters end at zero."""
@@ -201,8 +197,7 @@ def test_launches_in_a_row(h, e, k, pdl):
     for _ in range(6):
         x = _rows(rng, h, int(rng.integers(1, 4)))
         gamma = F32(float(np.abs(x).max() or 1.0) / 2688)
-        forms = ("fused", "apart", "cluster") if router.cluster else ("fused", "apart")
-        cases.append([router.launch(x, gamma, f, pdl=pdl, sync=False) for f in forms])
+        cases.append([router.launch(x, gamma, f, pdl=pdl, sync=False) for f in ("fused", "apart", "cluster")])
     gpu.synchronize()
     for i, (fused, apart, *cluster) in enumerate(cases):
         want = _fetch(apart, f"two launches {i}")

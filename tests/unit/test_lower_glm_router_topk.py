@@ -150,10 +150,15 @@ def router_form(request, monkeypatch):
     return request.param
 
 
-def test_router_cluster_width():
-    """ceil(E / 8) CTAs where the target's cluster holds them, else 0 (the last-CTA form)."""
-    assert [glm_router_topk.router_cluster(e, 16) for e in (1, 8, 9, 33, 128, 129, 288)] == [1, 1, 2, 5, 16, 0, 0]
-    assert glm_router_topk.router_cluster(128, 8) == 0 and glm_router_topk.router_cluster(64, 8) == 8
+def test_router_cluster_width(monkeypatch):
+    """ceil(E / 8) CTAs up to the target's widest cluster (then more logits a 64-thread group; at
+    most 8 groups a CTA); 0 (the last-CTA form) with ROUTER_CLUSTER off."""
+    width = glm_router_topk.router_cluster
+    assert [width(e, 16) for e in (1, 8, 9, 33, 128, 129, 288, 1024)] == [1, 1, 2, 5, 16, 16, 16, 16]
+    assert width(128, 8) == 8 and width(64, 8) == 8 and width(7, 8) == 1
+    assert [glm_router_topk.cluster_threads(e, width(e, 16)) for e in (1, 3, 33, 128, 288)] == [64, 192, 448, 512, 512]
+    monkeypatch.setattr(glm_router_topk, "ROUTER_CLUSTER", False)
+    assert width(128, 16) == 0
 
 
 def test_router_expert_quant_launches(tiny_rq, tiny_default, router_form):
@@ -178,7 +183,7 @@ def test_router_expert_quant_launches(tiny_rq, tiny_default, router_form):
             assert route.instance == glm_router_topk.cluster_quant_instance(h, e, k, cl)
             assert route.instance.kernel == f"kbp::router_cluster_topk_quant<{h}, {e}, {k}, {cl}>"
             assert route.instance.cluster == cl
-            assert (route.grid, route.block, route.smem) == ((cl, 1, 1), (64 * -(-e // cl), 1, 1), 0)
+            assert (route.grid, route.block, route.smem) == ((cl, 1, 1), (glm_router_topk.cluster_threads(e, cl), 1, 1), 0)
         else:
             assert route.instance == glm_router_topk.fused_quant_instance(h, e, k)
             assert route.instance.kernel == f"kbp::router_gemv_topk_quant<{h}, {e}, {k}, {opc}>"

@@ -12,8 +12,8 @@
   router_gemv_topk_quant, the fused router whose CTAs also quantize the router's input row to
   NVFP4 with the experts' static scale into the quantizer's scratch rows (the bytes
   w4a4_quant_rows_static writes), then the slot GEMV as w4a4_mx_static lowers it (routed_slots).
-  Where the target's clusters hold ceil(E / 8) CTAs (ROUTER_CLUSTER), router_cluster_topk_quant:
-  the same bytes, the logits meeting in distributed shared memory instead of an L2 arrival."""
+  With ROUTER_CLUSTER, router_cluster_topk_quant instead: the same bytes, the logits meeting in
+  distributed shared memory (one cluster a token) instead of an L2 arrival."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +45,9 @@ FUSED_EXPERTS_PER_THREAD = 1
 FUSED_PARAMS = ("const __nv_bfloat16*", "const __nv_bfloat16*", "const float*", "float", "float*",
                 "unsigned int*", "float*", "int*")
 QUANT_PARAMS = ("float", "uint8_t*", "uint8_t*", "float*")   # gamma, codes, scales, global scales
-# The fused quantizing router as one thread-block cluster a token (router_cluster_topk_quant), where
-# ceil(E / CLUSTER_LOGITS) CTAs fit the target's cluster: 8 logits a CTA, one 64-thread group each.
+# The fused quantizing router as one thread-block cluster a token (router_cluster_topk_quant):
+# ceil(E / CLUSTER_LOGITS) CTAs, one 64-thread group a logit, or the target's widest cluster with
+# more logits a group where E exceeds CLUSTER_LOGITS clusters.
 # H200, 128-expert seed shrink (16-CTA clusters), 1k, replay timelines: the router ends 4.85 us
 # after the hc boundary instead of 7.11, but alone it gains nothing (the routed gate/up then ends
 # at the same time, 30.9 against 31.0 us, the exact shared expert's gate/up holding SMs beside it;
@@ -54,6 +55,8 @@ QUANT_PARAMS = ("float", "uint8_t*", "uint8_t*", "float*")   # gamma, codes, sca
 # pays: in probes without the shared expert 4.687 ms against 4.758 with the last-CTA router, the tensor-core shared pair
 # (w4a16_gemv.SHARED_PAIR_FAST) with it 4.739 / 4.744 against 4.772 / 4.805 with neither, 16k
 # 4.946 / 4.969 against 4.969 / 4.985 (bench/NOTES.md, thirty-first session). Logits bit-equal.
+# Past 128 experts (a group then takes several logits): the seed's 288 experts, 20 layers, with
+# the fast pair, 2.355 / 2.324 ms a step against 2.387 / 2.372 with the last-CTA router.
 ROUTER_CLUSTER = True
 CLUSTER_LOGITS = 8
 
@@ -88,9 +91,14 @@ def fused_quant_instance(hidden: int, experts: int, k: int) -> KernelInstance:
 
 def router_cluster(experts: int, max_cluster: int) -> int:
     """CTAs of router_cluster_topk_quant's cluster for `experts` logits on a target whose clusters
-    hold max_cluster CTAs, or 0 where the last-CTA form serves."""
-    cl = -(-experts // CLUSTER_LOGITS)
-    return cl if ROUTER_CLUSTER and cl <= max_cluster else 0
+    hold max_cluster CTAs (CLUSTER_LOGITS a CTA, more where the cluster is full), or 0 where the
+    last-CTA form serves (ROUTER_CLUSTER off)."""
+    return min(-(-experts // CLUSTER_LOGITS), max_cluster) if ROUTER_CLUSTER else 0
+
+
+def cluster_threads(experts: int, cl: int) -> int:
+    """kbp::router_cluster_threads: a 64-thread group a logit, at most 8 groups a CTA."""
+    return 64 * min(-(-experts // cl), CLUSTER_LOGITS)
 
 
 def cluster_quant_instance(hidden: int, experts: int, k: int, cl: int) -> KernelInstance:
@@ -200,10 +208,9 @@ def _route_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK,
                                       rows.globals),
                                 nodes=(*route.nodes, quant.id))
     cl = router_cluster(t.experts, get_target(ctx.plan.options.target).max_cluster)
-    if cl and xr.dim_value % 16 == 0 and t.slots <= 64 * -(-t.experts // cl):
-        lpc = -(-t.experts // cl)
+    if cl and xr.dim_value % 16 == 0 and t.slots <= cluster_threads(t.experts, cl):
         route = dataclasses.replace(route, instance=cluster_quant_instance(xr.dim_value, t.experts, t.slots, cl),
-                                    grid=(cl, t.rows, 1), block=(64 * lpc, 1, 1))
+                                    grid=(cl, t.rows, 1), block=(cluster_threads(t.experts, cl), 1, 1))
     return route, rows, x
 
 
