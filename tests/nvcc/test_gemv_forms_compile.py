@@ -33,7 +33,7 @@ template __global__ void kbp::w4a16_mma<32, 1, 1>({W4});
 template __global__ void kbp::w4a16_mma<20480, 16, 1>({W4});
 template __global__ void kbp::w4a16_mma_seg_list<4096, 2, 4, 6>(const __grid_constant__ kbp::W4A16SegList<6>, const {BF}*);
 template __global__ void kbp::w4a16_mma_f32_input<2048, 8, 1>(const uint8_t*, const uint8_t*, float, const float*, {BF}*, int);
-template __global__ void kbp::w4a16_mma_f32_input<20480, 16, 1>(const uint8_t*, const uint8_t*, float, const float*, {BF}*, int);
+template __global__ void kbp::w4a16_mma_f32_input<10240, 16, 1>(const uint8_t*, const uint8_t*, float, const float*, {BF}*, int);
 template __global__ void kbp::w4a16_gemv<8192>({W4});
 template __global__ void kbp::w4a16_gemv<1040>({W4});
 template __global__ void kbp::wxay_rowscale_ks<4096, 1>({WX});
@@ -48,8 +48,9 @@ ROUTERS = [(4096, 288, 8), (4096, 128, 8), (256, 8, 2), (6144, 256, 8), (1024, 1
 # The quantizing form needs whole NVFP4 groups (hidden % 16): the same, with a 208-wide odd row.
 QUANT_ROUTERS = [r for r in ROUTERS if r[0] % 16 == 0] + [(208, 33, 4)]
 # (k, i, n) of fast shared-expert pairs as the lowering shapes them: the seed's, a 512-thread phase,
-# the largest K and I (static shared memory: one staging buffer for both phases).
-PAIRS = [(4096, 2048, 4096), (2176, 96, 37), (8192, 1024, 520), (20480, 20480, 4096)]
+# the largest K and I (static shared memory: one staging buffer for both phases, I's row split in
+# hi and lo parts: W4A16F_SPLIT_MAX_K).
+PAIRS = [(4096, 2048, 4096), (2176, 96, 37), (8192, 1024, 520), (20480, 10240, 4096)]
 SOURCE += "".join(f"template __global__ void {i.kernel}({', '.join(i.params)});\n"
                   for i in [fused_instance(*r) for r in ROUTERS] + [fused_quant_instance(*r) for r in QUANT_ROUTERS] +
                   [pair_instance(k, i, pair_shapes(k, i, n)) for k, i, n in PAIRS])

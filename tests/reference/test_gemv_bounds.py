@@ -50,20 +50,25 @@ def _weight(n, k, scale=0.02):
     return quantize_nvfp4(w * np.float32(scale))
 
 
-def stage_f16(act) -> np.ndarray:
-    """The fast pair's phase-1 staging in float64: e from max|act| (max|act| 2^e in [2^14, 2^15),
-    clamped to [-126, 126]), act * 2^e rounded to FP16 (RNE, subnormals included), times 2^-e."""
+def stage_f16(act, split: bool = False) -> np.ndarray:
+    """The FP16 staging of an FP32 row in float64: e from max|act| (max|act| 2^e in [2^14, 2^15),
+    clamped to [-126, 126]), h = act * 2^e (exact in FP32) rounded to FP16 (RNE, subnormals
+    included); with `split` (the fast pair's phase 1) plus lo = f16(h - hi); times 2^-e."""
     a = np.asarray(act, np.float32)
     m = float(np.max(np.abs(a)))
     big = np.frexp(np.float32(m))[1] - 1 if m >= 2.0 ** -126 else -127
     e = max(-126, min(126, 14 - big))
-    return (a.astype(np.float64) * 2.0 ** e).astype(np.float16).astype(np.float64) * 2.0 ** -e, e
+    h = (a.astype(np.float64) * 2.0 ** e).astype(np.float32)
+    hi = h.astype(np.float16).astype(np.float64)
+    if split:   # h - hi is exact in FP32
+        hi = hi + (h - hi.astype(np.float32)).astype(np.float16).astype(np.float64)
+    return hi * 2.0 ** -e, e
 
 
 def emulate_fast_pair(x, gate_up, down, limit, push=0.0):
     """The fast pair with error-free dot products (the MMA's order left out) in float64: gate_up
     exact, moved by `push` times its stated bound (signs at random), rounded to BF16; act in the
-    reference's FP32 expression; the FP16 staging; the exact down dot product, rounded to BF16."""
+    reference's FP32 expression; the split FP16 staging; the exact down dot product, rounded to BF16."""
     wg = dequantize_nvfp4(*gate_up, (gate_up[0].shape[0], x.size)).astype(np.float64)
     gu_star = wg @ x.astype(np.float64)
     if push:
@@ -71,7 +76,7 @@ def emulate_fast_pair(x, gate_up, down, limit, push=0.0):
         gu_star = gu_star + push * b0 * RNG.choice([-1.0, 1.0], gu_star.shape)
     gu = to_bf16(gu_star.astype(np.float32))
     act = ref.silu_input(*split_gate_up(clamp_gate_up(gu, limit)))
-    h, _ = stage_f16(act)
+    h, _ = stage_f16(act, split=True)
     wd = dequantize_nvfp4(*down, (down[0].shape[0], act.size)).astype(np.float64)
     return to_bf16((wd @ h).astype(np.float32)).astype(np.float64)
 
@@ -90,7 +95,8 @@ def test_vec8_reference_within_its_constant(n, k):
 
 def test_act_constants():
     assert gb.w4a16_vec8_ref_c(2048) == 3 + 8 * 4 + 6
-    assert gb.w4a16_mma_act_c(2048, 8) == gb.MMA_STEP * 16 + 1 + 8 + gb.w4a16_vec8_ref_c(2048)
+    # 16 MMAs a 128-wide chunk (each code word against the hi and the lo parts), 2 chunks a warp
+    assert gb.w4a16_mma_act_c(2048, 8) == gb.MMA_STEP * 32 + 1 + 8 + gb.w4a16_vec8_ref_c(2048)
     assert gb.w4a16_mma_act_c(4096, 8) > gb.w4a16_mma_act_c(2048, 8) > gb.w4a16_mma_act_c(2048, 16)
 
 
@@ -98,6 +104,19 @@ def test_silu_lipschitz():
     t = np.linspace(-30.0, 30.0, 600001)
     slope = np.abs(np.diff(t / (1 + np.exp(-t))) / np.diff(t))
     assert slope.max() <= gb.SILU_LIP and slope.max() > 1.09
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 8.0, 200.0])
+def test_fp16_split_staging_error(scale):
+    """|hi + lo - act| <= 2^-22 |act| + 2^-25 2^-e (w4a16_mma_act_bound), on rows with a wide dynamic
+    range; FP16 alone misses 2^-22 on most of them."""
+    act = (RNG.standard_normal(4096) * np.exp(RNG.uniform(-25, 3, 4096)) * scale).astype(np.float32)
+    act[:3] = [0.0, np.float32(scale * 1e-20), -np.float32(scale)]
+    h, e = stage_f16(act, split=True)
+    a = act.astype(np.float64)
+    assert (np.abs(h - a) <= gb.F16_SPLIT_REL * np.abs(a) + gb.F16_HALF_SUB * 2.0 ** -e).all()
+    plain, _ = stage_f16(act)
+    assert np.mean(np.abs(plain - a) > gb.F16_SPLIT_REL * np.abs(a) + gb.F16_HALF_SUB * 2.0 ** -e) > 0.5
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 8.0, 200.0])
