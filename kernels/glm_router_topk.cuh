@@ -249,9 +249,9 @@ __host__ __device__ constexpr int router_cluster_threads(int experts, int cl) {
 // L2: CTA c of token t's cluster computes logits c * LPC + s + G r (64-thread group s of G, its
 // rows r in order; dense_row_partial's order and dense_gemv_bf16_block's final add: the same bits;
 // only the first row's weights are in flight before the wait, the others prefetched into L2 and
-// loaded after it) and stores each into CTA 0's shared
-// row; one cluster barrier (release / acquire) later CTA 0 ranks them (router_topk_row, whose
-// result does not depend on its thread count). The last-CTA form instead stores them to L2, fences,
+// loaded after it) and stores each into CTA 0's shared row; one cluster barrier (release /
+// acquire) later CTA 0 ranks them (router_topk_row, whose result does not depend on its thread
+// count). The last-CTA form instead stores them to L2, fences,
 // counts arrivals on a global counter and reads them back in the last CTA. The logits' global copy
 // (for readers outside) and the quantizer share run between the barrier's halves: nothing in the
 // cluster reads them. Every CTA arrives once at its start, so the wait before the distributed
