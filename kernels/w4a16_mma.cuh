@@ -124,22 +124,21 @@ __device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], uint32_t a0, uin
 // With xs_lo (the split staging of an FP32 row), each value h also leaves its remainder h - f16(h)
 // (exact in FP32) rounded to FP16 in xs_lo: h = hi + lo within 2^-22 |h| + 2^-25.
 __device__ __forceinline__ void w4a16f_store8(uint4* xs, uint4* xs_lo, int b, const float (&v)[8], float f) {
+    constexpr int PAIR[4][2] = {{3, 7}, {1, 5}, {2, 6}, {0, 4}};   // e2m1x8_f16's order
     float h[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) h[j] = __fmul_rn(v[j], f);
-    const uint4 hi = make_uint4(f32x2_to_f16x2(h[3], h[7]), f32x2_to_f16x2(h[1], h[5]),
-                                f32x2_to_f16x2(h[2], h[6]), f32x2_to_f16x2(h[0], h[4]));
-    xs[w4a16f_slot(b)] = hi;
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) hi[i] = f32x2_to_f16x2(h[PAIR[i][0]], h[PAIR[i][1]]);
+    xs[w4a16f_slot(b)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     if (xs_lo != nullptr) {
-        const uint32_t p[4] = {hi.x, hi.y, hi.z, hi.w};
-        const int lo_of[4][2] = {{3, 7}, {1, 5}, {2, 6}, {0, 4}};
-        uint32_t q[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&p[i]));
-            q[i] = f32x2_to_f16x2(__fsub_rn(h[lo_of[i][0]], r.x), __fsub_rn(h[lo_of[i][1]], r.y));
+            const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&hi[i]));
+            lo[i] = f32x2_to_f16x2(__fsub_rn(h[PAIR[i][0]], r.x), __fsub_rn(h[PAIR[i][1]], r.y));
         }
-        xs_lo[w4a16f_slot(b)] = make_uint4(q[0], q[1], q[2], q[3]);
+        xs_lo[w4a16f_slot(b)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
 }
 

@@ -208,7 +208,7 @@ def _route_quant(ctx: LowerCtx, group: LoweredGroup, router: Node, t: _TopK,
                                       rows.globals),
                                 nodes=(*route.nodes, quant.id))
     cl = router_cluster(t.experts, get_target(ctx.plan.options.target).max_cluster)
-    if cl and xr.dim_value % 16 == 0 and t.slots <= cluster_threads(t.experts, cl):
+    if cl:   # (whole NVFP4 groups: quant_rows_input above; K <= 32 slots: fused_fits)
         route = dataclasses.replace(route, instance=cluster_quant_instance(xr.dim_value, t.experts, t.slots, cl),
                                     grid=(cl, t.rows, 1), block=(cluster_threads(t.experts, cl), 1, 1))
     return route, rows, x
