@@ -3,6 +3,9 @@
 // Entries (256-thread CTAs, grid = m rows, no dynamic smem; rows 16-byte aligned):
 //   w8a8_act_quant_row<K, SPLIT = 1>(x, q, s) per token: q (m, K) E4M3 codes, s (m,) FP32.  K % 8 == 0
 //                                             grid (m, SPLIT): SPLIT CTAs per row (quant_row_impl)
+//   w8a8_act_quant_row_cluster<K, CL>(x, q, s) the same bytes, grid (CL, m): one CL-CTA cluster a row,
+//                                             each CTA reads and encodes only its share (four values
+//                                             a thread), the row's max met in distributed shared memory
 //   w8a8_act_quant_g128<K>(x, q, s)           per 128 group: s (m, K/128).                K % 128 == 0
 //   w8a8_act_quant_silu_row<K>(g, u, q, s)    input v = rn_bf16((g * sigma(g)) * u)
 //   w8a8_act_quant_silu_g128<K>(g, u, q, s)
@@ -17,9 +20,16 @@
 // extern "C" __global__ wrapper (what the GPU tests do).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "kbp_common.cuh"
 
 namespace kbp {
+
+__device__ __forceinline__ void bf16x4_unpack(uint2 u, float (&v)[4]) {
+    v[0] = __uint_as_float(u.x << 16); v[1] = __uint_as_float(u.x & 0xffff0000u);
+    v[2] = __uint_as_float(u.y << 16); v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
 
 __device__ __forceinline__ void bf16x8_unpack(uint4 u, float (&v)[8]) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -47,13 +57,15 @@ __device__ __forceinline__ void act8_load(const __nv_bfloat16* x, const __nv_bfl
 
 __device__ __forceinline__ float fp8_scale(float amax) { return fmaxf(__fdiv_rn(amax, 448.0f), 1e-12f); }
 
+// The E4M3 code of v at scale s: sat_e4m3(clamp(f32(v / s), -448, 448)).
+__device__ __forceinline__ uint32_t fp8_code(float v, float s) {
+    return (uint32_t)f32_to_e4m3(fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f));
+}
+
 __device__ __forceinline__ uint2 fp8_encode8(const float (&v)[8], float s) {
     uint32_t w[2] = {0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        float r = fminf(fmaxf(__fdiv_rn(v[i], s), -448.0f), 448.0f);
-        w[i >> 2] |= (uint32_t)f32_to_e4m3(r) << (8 * (i & 3));
-    }
+    for (int i = 0; i < 8; ++i) w[i >> 2] |= fp8_code(v[i], s) << (8 * (i & 3));
     return make_uint2(w[0], w[1]);
 }
 
@@ -125,6 +137,81 @@ __global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* x
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
     w8a8_act_quant_row_dev<K, SPLIT>(x, q, s);
+}
+
+// One row as a cluster of CL CTAs (blockIdx.x = the CTA's rank, blockIdx.y = the row). The row is cut
+// into runs of four values; run u belongs to thread u % 256 of CTA (u / 256) % CL. Each CTA reads
+// only its runs (an 8-byte load a run), forms their max, and writes it into every CTA's slot c
+// through distributed shared memory; after one cluster barrier each CTA takes the max of the CL
+// slots (the row's max: order-free, so the same value as quant_row_impl's) and encodes its runs
+// with the same scale and encoder: w8a8_act_quant_row's bytes. Against SPLIT CTAs that each read
+// the whole row for the max and encode eight values a thread, a thread here reads 8 bytes and
+// encodes four values (one run for K <= 1024 CL).
+template <int K, int CL>
+__device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_t* q, float* s_out) {
+    static_assert(K % 4 == 0 && CL >= 1 && CL <= 16, "runs of four values, at most 16 CTAs a cluster");
+    constexpr int RUNS = K / 4, STRIDE = 256 * CL, PER = (RUNS + STRIDE - 1) / STRIDE;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float red[8];
+    __shared__ float slot[CL];
+    const int c = (int)cluster.block_rank();
+    uint2 raw[PER];
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        if (u < RUNS) raw[j] = ld_step(reinterpret_cast<const uint2*>(x) + u);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        if (u < RUNS) {
+            float v[4];
+            bf16x4_unpack(raw[j], v);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[i]));
+        }
+    }
+    m = warp_max_xor(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    cluster_wait();   // every CTA of the cluster runs (each arrived at its start)
+    if (threadIdx.x < CL) {
+        float b = red[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) b = fmaxf(b, red[i]);
+        *cluster.map_shared_rank(slot + c, (int)threadIdx.x) = b;
+    }
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    m = slot[0];
+#pragma unroll
+    for (int i = 1; i < CL; ++i) m = fmaxf(m, slot[i]);
+    const float s = fp8_scale(m);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        if (u < RUNS) {
+            float v[4];
+            bf16x4_unpack(raw[j], v);
+            uint32_t out = 0u;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out |= fp8_code(v[i], s) << (8 * i);
+            reinterpret_cast<uint32_t*>(q)[u] = out;
+        }
+    }
+    if (c == 0 && threadIdx.x == 0) *s_out = s;
+}
+
+template <int K, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(256) w8a8_act_quant_row_cluster(const __nv_bfloat16* x,
+                                                                                             uint8_t* q, float* s) {
+    ::kbp::cluster_arrive_relaxed();   // this CTA runs: the others may store into its shared memory
+    ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    const size_t r = blockIdx.y;
+    quant_row_cluster<K, CL>(x + r * K, q + r * K, s + r);
 }
 
 template <int K>

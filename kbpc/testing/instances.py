@@ -147,6 +147,12 @@ def wxay_split_ks(k: int, warps: int, nseg: int) -> KernelInstance:
                           (f"kbp::WxaySegList<{nseg}>", *FP8_ROW, "float*", "unsigned int*"))
 
 
+def w8a8_quant_cluster(k: int, cl: int) -> KernelInstance:
+    """One cl-CTA thread-block cluster a row (w8a8_act_quant.row_cluster picks cl)."""
+    return KernelInstance("w8a8_act_quant", w8a8_act_quant.HEADER, f"kbp::w8a8_act_quant_row_cluster<{k}, {cl}>",
+                          (f"const {BF}*", *QUANT_OUT), cluster=cl)
+
+
 def w8a8_quant(k: int, form: str = "row", split: int = 1) -> KernelInstance:
     """form: row (lowered; split CTAs per row as w8a8_act_quant.row_split picks), g128, silu_row,
     silu_g128 (the SiLU forms read gate and up rows)."""
@@ -265,6 +271,7 @@ MIRRORS: dict[str, Callable[..., KernelInstance]] = {
     "kbp::w4a4_gemv_moe_slots_after_quant": w4a4_moe_slots_after_quant,
     "kbp::wxay_rowscale": wxay_rowscale, "kbp::wxay_rowscale_split_list": wxay_split_list,
     "kbp::w8a8_act_quant_row": lambda k, split=1: w8a8_quant(k, "row", split),
+    "kbp::w8a8_act_quant_row_cluster": w8a8_quant_cluster,
     "kbp::swiglu_clamp": swiglu, "kbp::moe_combine": moe_combine, "kbp::embed_copy": embed,
     "kbp::mhc::hc_expand": hc_expand, "kbp::mhc::hc_post": hc_post, "kbp::mhc::hc_head": hc_head,
     "kbp::kda_pack_qkv_bf16": kda_pack, "kbp::causal_conv1d_update_l2norm": causal_conv,

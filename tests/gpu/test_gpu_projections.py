@@ -115,6 +115,7 @@ def instances():
     out += [ki.wxay_rowscale(k) for _, k in WXAY_SHAPES] + [ki.wxay_split(k) for k, _ in WXAY_SPLITS]
     out += [ki.w8a8_quant(k, f) for k in W8A8_KS for f in ("row", "g128") if f == "row" or k % 128 == 0]
     out += [ki.w8a8_quant(k, "row", s) for k in W8A8_KS for s in _w8a8_splits(k) if s > 1]
+    out += [ki.w8a8_quant_cluster(k, cl) for k in W8A8_KS for cl in _w8a8_clusters(k)]
     out += [ki.w8a8_quant(k, f) for k in W8A8_SILU_KS for f in ("silu_row", "silu_g128")]
     return out
 
@@ -338,6 +339,31 @@ def test_w8a8_act_quant_split_rows(k):
         q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
         launcher(ki.w8a8_quant(k, "row", split))((m, split, 1), BLOCK, xd, q, s)
         assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), f"split {split}"
+
+
+def _w8a8_clusters(k):
+    """The lowering's cluster width for k on Hopper, and 1, 3 and 16 (any width gives the same bytes)."""
+    return sorted({w8a8_act_quant.row_cluster(k, 16) or 1, 1, 3, 16})
+
+
+@pytest.mark.parametrize("k", W8A8_KS)
+def test_w8a8_act_quant_cluster_rows(k):
+    """One thread-block cluster a row: the reference's bytes (those of every split form) at every
+    cluster width, with the row's max in one CTA's share, an all-zero row and huge values."""
+    g = _gpu()
+    m = 4
+    x = bf16_input((m, k), 3.0)
+    x[2, k // 3] = -97.0
+    x[1] = 0.0
+    x[3] *= np.float32(2e4)
+    x = to_bf16(x)
+    xd = g.to_gpu(bf16_bits(x))
+    wq, ws = ref_w8a8.quant_row(x)
+    for cl in _w8a8_clusters(k):
+        q, s = g.poisoned((m, k), np.uint8), g.poisoned((m,), np.float32)
+        for _ in range(2):   # launch after launch: nothing carries over
+            launcher(ki.w8a8_quant_cluster(k, cl))((cl, m, 1), BLOCK, xd, q, s)
+        assert np.array_equal(g.fetch(q), wq) and np.array_equal(g.fetch(s), ws), f"cluster {cl}"
 
 
 @pytest.mark.parametrize("k", W8A8_KS)

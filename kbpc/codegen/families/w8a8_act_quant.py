@@ -1,5 +1,6 @@
 """w8a8_act_quant: dynamic FP8 E4M3 per-token activation quantization
-(kernels/w8a8_act_quant.cuh): w8a8_act_quant_row<K[, SPLIT]>, SPLIT CTAs per row (row_split),
+(kernels/w8a8_act_quant.cuh): w8a8_act_quant_row_cluster<K, CL>, one CL-CTA cluster a row (row_cluster), or
+w8a8_act_quant_row<K[, SPLIT]>, SPLIT CTAs per row (row_split), where the target has no clusters, both
 writing the planar fp8/token buffer (codes [rows][K], then one FP32 scale per row) that the wxay GEMVs read."""
 from __future__ import annotations
 
@@ -7,8 +8,24 @@ from kbpc.codegen.context import LowerCtx
 from kbpc.codegen.families._projection import BF16, BLOCK, materialized, require
 from kbpc.codegen.records import KernelInstance, Launch
 from kbpc.ir.plan import LoweredGroup
+from kbpc.targets import get_target
 
 HEADER = "w8a8_act_quant.cuh"
+RUN_VALUES = 4   # values a thread of w8a8_act_quant_row_cluster reads and encodes (one run)
+# One thread-block cluster a row (w8a8_act_quant_row_cluster) where the target has clusters. H200,
+# 128-expert seed shrink, 1k, replay timelines (bench/NOTES.md, thirty-second session): the DSA
+# output quantizer (K = 16384) ends 4.4 us after the MLA decode instead of 8.4 with the 8-CTA split
+# form, whose CTAs each read the whole row for its max (probes: ~1.7 us of it is the hand-off, ~3.2
+# the row's loads and max, ~3.5 the encoding and stores); the DSA sublayer 61.1 -> 57.4 us.
+ROW_CLUSTER = True
+
+
+def row_cluster(k: int, max_cluster: int) -> int:
+    """CTAs of w8a8_act_quant_row_cluster's cluster for a K-wide row: one run of four values a
+    thread where the target's widest cluster allows, else the widest; 0 where the split form
+    serves (no clusters, or one CTA would do)."""
+    cl = min(-(-k // (RUN_VALUES * BLOCK[0])), max_cluster)
+    return cl if ROW_CLUSTER and cl >= 2 else 0
 
 
 def row_split(k: int) -> int:
@@ -29,6 +46,13 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         require(rows * k % 4 == 0, f"K = {k}: the planar FP32 scales would be unaligned", node)
         require(materialized(ctx, q), f"{q.id} is fused; w8a8_act_quant_row writes a buffer", node)
         out = ctx.quant(q)
+        cl = row_cluster(k, get_target(ctx.plan.options.target).max_cluster)
+        if cl:
+            inst = KernelInstance("w8a8_act_quant", HEADER, f"kbp::w8a8_act_quant_row_cluster<{k}, {cl}>",
+                                  (f"const {BF16}*", "uint8_t*", "float*"), cluster=cl)
+            launches.append(Launch(inst, grid=(cl, rows, 1), block=BLOCK, smem=0,
+                                   args=(ctx.buf(x), out.codes, out.scales), group=group.id, nodes=(node.id,)))
+            continue
         split = row_split(k)
         name = f"kbp::w8a8_act_quant_row<{k}>" if split == 1 else f"kbp::w8a8_act_quant_row<{k}, {split}>"
         inst = KernelInstance("w8a8_act_quant", HEADER, name, (f"const {BF16}*", "uint8_t*", "float*"))
