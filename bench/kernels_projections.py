@@ -322,6 +322,29 @@ def quantizer(name, entry, header, k, in_bytes, out_bytes, args, ctas=1):
     return Case(f"{header[:-4]}::{entry} {name}", f"1x{k}", in_bytes + out_bytes, setup)
 
 
+def w8a8_row_launcher(name, k, form):
+    """The step's per-token FP8 quantizer through the product launcher, one row: form "split"
+    (w8a8_act_quant_row<K, SPLIT>, SPLIT CTAs each reading the whole row for its max) or "cluster"
+    (w8a8_act_quant_row_cluster<K, CL>, the maxima met in distributed shared memory), each at the
+    lowering's width for Hopper. The row is nonzero BF16 (0x3C3C), so every value is encoded."""
+    from kbpc.codegen.families.w8a8_act_quant import row_cluster, row_split  # noqa: PLC0415
+    from kbpc.testing.instances import w8a8_quant, w8a8_quant_cluster  # noqa: PLC0415
+    width = row_cluster(k, 16) if form == "cluster" else row_split(k)
+    inst = w8a8_quant_cluster(k, width) if form == "cluster" else w8a8_quant(k, "row", width)
+    grid = (width, 1) if form == "cluster" else (1, width)
+
+    def setup():
+        from kbpc.testing.launchers import launcher  # noqa: PLC0415
+        run = launcher(inst)
+        sets = [(_dev(2 * k), _dev(k), _dev(4)) for _ in range(rotations(2 * k))]
+
+        def launch(i, stream=None):
+            x, q, sc = sets[i % len(sets)]
+            run(grid, (256, 1, 1), x, q, sc, pdl=True, sync=False, stream=stream)
+        return launch
+    return Case(f"w8a8_act_quant::row ({form}, {width} CTAs) {name}", f"1x{k}", 2 * k + k + 4, setup)
+
+
 _BF = "const __nv_bfloat16*"
 CASES = [
     dense("lm_head", 154880, 4096),
@@ -372,6 +395,10 @@ CASES = [
               ctas=-(-4096 // 256)),   # the product's split: one value a thread (w4a4_mx.quant_split)
     quantizer("", "w8a8_act_quant_row", "w8a8_act_quant.cuh", 4096, 8192, 4096 + 4,
               (f"{_BF} x, uint8_t* q, float* s", "x, q, s", (8192, 4096, 4))),
+    w8a8_row_launcher("dsa output row", 16384, "split"),
+    w8a8_row_launcher("dsa output row", 16384, "cluster"),
+    w8a8_row_launcher("dsa input row", 4096, "split"),
+    w8a8_row_launcher("dsa input row", 4096, "cluster"),
     quantizer("", "w8a8_act_quant_silu_row", "w8a8_act_quant.cuh", 12288, 4 * 12288, 12288 + 4,
               (f"{_BF} g, {_BF} u, uint8_t* q, float* s", "g, u, q, s", (2 * 12288, 2 * 12288, 12288, 4))),
     quantizer("", "w8a8_act_quant_g128", "w8a8_act_quant.cuh", 16384, 2 * 16384, 16384 + 4 * 128,
