@@ -155,17 +155,17 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ float red[8];
     __shared__ float slot[CL];
-    const int c = (int)cluster.block_rank();
+    const int c = (int)cluster.block_rank(), u0 = c * 256 + (int)threadIdx.x;   // runs u0 + STRIDE j
     uint2 raw[PER];
     float m = 0.0f;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        const int u = u0 + STRIDE * j;
         if (u < RUNS) raw[j] = ld_step(reinterpret_cast<const uint2*>(x) + u);
     }
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        const int u = u0 + STRIDE * j;
         if (u < RUNS) {
             float v[4];
             bf16x4_unpack(raw[j], v);
@@ -191,7 +191,7 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
     const float s = fp8_scale(m);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        const int u = c * 256 + (int)threadIdx.x + STRIDE * j;
+        const int u = u0 + STRIDE * j;
         if (u < RUNS) {
             float v[4];
             bf16x4_unpack(raw[j], v);

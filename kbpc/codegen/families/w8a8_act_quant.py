@@ -11,6 +11,7 @@ from kbpc.ir.plan import LoweredGroup
 from kbpc.targets import get_target
 
 HEADER = "w8a8_act_quant.cuh"
+PARAMS = (f"const {BF16}*", "uint8_t*", "float*")   # x, codes, scales (both forms)
 RUN_VALUES = 4   # values a thread of w8a8_act_quant_row_cluster reads and encodes (one run)
 # One thread-block cluster a row (w8a8_act_quant_row_cluster) where the target has clusters. H200,
 # 128-expert seed shrink, 1k, replay timelines (bench/NOTES.md, thirty-second session): the DSA
@@ -48,14 +49,12 @@ def lower(ctx: LowerCtx, group: LoweredGroup) -> list[Launch]:
         out = ctx.quant(q)
         cl = row_cluster(k, get_target(ctx.plan.options.target).max_cluster)
         if cl:
-            inst = KernelInstance("w8a8_act_quant", HEADER, f"kbp::w8a8_act_quant_row_cluster<{k}, {cl}>",
-                                  (f"const {BF16}*", "uint8_t*", "float*"), cluster=cl)
-            launches.append(Launch(inst, grid=(cl, rows, 1), block=BLOCK, smem=0,
-                                   args=(ctx.buf(x), out.codes, out.scales), group=group.id, nodes=(node.id,)))
-            continue
-        split = row_split(k)
-        name = f"kbp::w8a8_act_quant_row<{k}>" if split == 1 else f"kbp::w8a8_act_quant_row<{k}, {split}>"
-        inst = KernelInstance("w8a8_act_quant", HEADER, name, (f"const {BF16}*", "uint8_t*", "float*"))
-        launches.append(Launch(inst, grid=(rows, split, 1), block=BLOCK, smem=0,
+            name, grid = f"kbp::w8a8_act_quant_row_cluster<{k}, {cl}>", (cl, rows, 1)
+        else:
+            split = row_split(k)
+            name = f"kbp::w8a8_act_quant_row<{k}>" if split == 1 else f"kbp::w8a8_act_quant_row<{k}, {split}>"
+            grid = (rows, split, 1)
+        inst = KernelInstance("w8a8_act_quant", HEADER, name, PARAMS, cluster=cl)
+        launches.append(Launch(inst, grid=grid, block=BLOCK, smem=0,
                                args=(ctx.buf(x), out.codes, out.scales), group=group.id, nodes=(node.id,)))
     return launches
