@@ -85,16 +85,23 @@ def record_replays(model, context: int, replays: int, warmup: int, weights: str)
         backend.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def replay_arguments(description: str, replays: int, warmup: int) -> argparse.ArgumentParser:
+    """The options every replay script takes (this one, bench/replay_stamps.py): the bundle, its
+    keyring, the context, the replays and warm-up steps, the weights and the output file."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--trust", type=Path, action="append", default=[], help="trusted public key file(s)")
     ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=replays)
+    ap.add_argument("--warmup", type=int, default=warmup)
     ap.add_argument("--weights", default="synthetic:0")
-    ap.add_argument("--raw", type=Path, help="also keep the profiler's own trace here")
     ap.add_argument("-o", "--output", type=Path, required=True)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = replay_arguments(__doc__.split("\n\n")[0], replays=20, warmup=5)
+    ap.add_argument("--raw", type=Path, help="also keep the profiler's own trace here")
     args = ap.parse_args(argv)
     if args.replays < 1:
         ap.error("--replays must be >= 1")

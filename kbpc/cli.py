@@ -217,6 +217,11 @@ def convert_cmd(checkpoint: Path, output: Path, blueprint: Path, shard_mb: int, 
                    "--intermediates` can compare each one with the reference.")
 @click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write every pass's plan and the generated sources here.")
+@click.option("--stamps", is_flag=True,
+              help="Profiling build: the instrumented kernels record when each CTA reaches each phase "
+                   "(%globaltimer, in the replayed step; bench/replay_stamps.py reads them). The math and "
+                   "the plan are the same as without; the stamps cost each instrumented CTA an atomic and "
+                   "a few stores. Recorded in the manifest (step.stamps); not for production bundles.")
 @CONFIG_OPTION
 @json_options
 @reports_errors
@@ -224,7 +229,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
                 index_cache: str, fuse: bool, skip_fusions: tuple[str, ...], add_fusions: tuple[str, ...], pdl: bool,
                 no_act_quant: bool, pdl_across_events: bool, max_streams: int, key_path: Path | None,
             weights_path: Path | None, embed_weights: bool, cache_dir: Path | None, jobs: int | None,
-            verify: bool, debug_arena: bool, dump_dir: Path | None, config_path: Path | None,
+            verify: bool, debug_arena: bool, dump_dir: Path | None, stamps: bool, config_path: Path | None,
             as_json: bool, json_out: Path | None) -> None:
     """Compile a blueprint into a signed .kbp bundle (passes, code generation, nvcc, bundle, sign).
     The build report (--json, --json-out) records the stages, the objects built or cached and the
@@ -250,7 +255,7 @@ def compile_cmd(blueprint: Path, output: Path, target: str, tp: int, max_context
                                                 lambda note: click.echo(note, err=True)),
                              config=config_path, cache_dir=cache_dir,
                              jobs=jobs, weights=weights_path, embed_weights=embed_weights, verify=verify,
-                             dump_dir=dump_dir)
+                             dump_dir=dump_dir, stamps=stamps)
     t0 = time.perf_counter()
     with CompileProgress() as progress:
         result = compile_bundle(request, progress)

@@ -58,6 +58,7 @@ class CompileRequest:
     embed_weights: bool = False
     verify: bool = False
     dump_dir: Path | None = None
+    stamps: bool = False             # a profiling build: in-kernel phase stamps (kernels/kbp_stamps.cuh)
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,10 @@ def compile_bundle(req: CompileRequest, events: BuildEvents = BuildEvents()) -> 
     command = (f"kbpc compile {shlex.quote(req.blueprint.name)} --target {req.options.target} "
                f"--max-context {req.options.max_context}")
     ranks = rank_plans(plan)
-    rank_sources = [generate(rp, command + (f" --tp {req.options.tp} (rank {rp.shard.rank})" if rp.shard else ""))
-                    for rp in ranks]
+    if req.stamps:
+        command += " --stamps"
+    rank_sources = [generate(rp, command + (f" --tp {req.options.tp} (rank {rp.shard.rank})" if rp.shard else ""),
+                             stamps=req.stamps) for rp in ranks]
     sources = rank_sources[0]
     fusion = _fusion_report(bp, req.options, ranks[0], sources)
     if req.dump_dir is not None:
@@ -222,6 +225,8 @@ def _manifest(req: CompileRequest, plan: Plan, sources: Sources, build: BuildRes
         "toolchain": {"kbpc": __version__, "nvcc": build.nvcc, "flags": list(build.flags)},
         "library": {"rank0": LIB_PATH},
     }
+    if step.stamps:   # a profiling build: kbp_stamp_logs lists these instances' logs in this order
+        manifest["step"]["stamps"] = [inst.name for inst in step.instances]
     if req.weights is not None:
         files = checkpoint_files(req.weights)   # (checked before the build: check_covers or bind)
         manifest["checkpoint"] = [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)}

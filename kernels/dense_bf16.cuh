@@ -71,7 +71,9 @@ __device__ __forceinline__ float dense_row_partial(const uint4* wrow,
             if (b0 + j < PER && v < NV) w[j] = ld_weight(wrow + v);  // streamed: read once
         }
         if (b0 == 0) {
+            KBP_STAMP(kStampWaitIn);   // phase stamps of a kernel that began them (kbp_stamps.cuh)
             pdl_wait();  // the first weight batch is in flight; x comes from the kernel before
+            KBP_STAMP(kStampWaitOut);
             if (TRIGGER) pdl_launch_dependents();
         }
 #pragma unroll

@@ -497,7 +497,9 @@ __device__ __forceinline__ void dsa_index_select_body(
     if (begin < end)   // the older pools are history (the newest is staged after the wait)
         prefetch_l2(rows + (size_t)begin * ROW, (size_t)(end - begin) * ROW, tid, T);
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();
+    KBP_STAMP(kStampWaitOut);
 
     for (int b = tid; b < BINS; b += T) sm.hist[b] = 0;
     if constexpr (MMA) {
@@ -508,6 +510,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     } else {
         dsa_score_chunks<H, D, BITS, FP8, QROT>(sm.p1, sm.hist, q, raw_w, rows, pool_scales, begin, end, scores);
     }
+    KBP_STAMP(3);   // phase 1 scored (thread 0's share)
     for (int b = tid; b < BINS; b += T)
         if (sm.hist[b]) atomicAdd(&ghist[b], sm.hist[b]);
     __threadfence();
@@ -518,6 +521,7 @@ __device__ __forceinline__ void dsa_index_select_body(
         dsa_filter_candidates<BITS>(sm.hist, ghist, scores, first, last, (uint32_t)k, sm.rank, cand, arrive + 1,
                                     sm.wsum, &sm.digit, &sm.count2);
     }
+    KBP_STAMP(4);   // histogram added (and the candidates listed)
     if (tid == 0) sm.last = atomicAdd(arrive, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!sm.last) return;
@@ -575,6 +579,7 @@ __device__ __forceinline__ void dsa_index_select_body(
             in_bin([&](unsigned long long x) { if (x >= t_in) sm.rank[dsa_append_slot(&sm.count)] = x; });
             __syncthreads();
         }
+        KBP_STAMP(5);   // last CTA: the bin picked, its keys gathered and the threshold selected
         if constexpr (ORDER_FREE) {   // the set in index order: no compaction, no sort
             dsa_list_in_index_order<NSORT>(sm.rank, (int)sm.count, thr, n, reinterpret_cast<uint32_t*>(sm.rank + CAND),
                                            reinterpret_cast<int32_t*>(sm.hist), &sm.count2, sm.wsum);
@@ -582,6 +587,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     }
     if constexpr (ORDER_FREE) {
         __syncthreads();
+        KBP_STAMP(6);   // last CTA: the selection listed, before the expansion
         const int32_t* list = reinterpret_cast<const int32_t*>(sm.hist);
         dsa_expand<KP, TOPK_POOLS>([&](int r) { return list[r]; }, k, s_len, t_pos, sel_tokens);
         return;
@@ -605,6 +611,7 @@ __device__ __forceinline__ void dsa_index_select_body(
     __syncthreads();
     sorted[tid] = pick;
     __syncthreads();
+    KBP_STAMP(6);   // last CTA: the selection sorted, before the expansion
     dsa_expand<KP, TOPK_POOLS>([&](int r) { return dsa_rank_index(sorted[r]); }, k, s_len, t_pos, sel_tokens);
 }
 
@@ -614,8 +621,10 @@ __global__ void __launch_bounds__(DSA_SELECT_THREADS, 1) dsa_index_select(
     const uint8_t* pool_codes, const float* pool_scales,
     const int32_t* seq_len, const int32_t* tau, float* scores,
     uint32_t* hist, uint32_t* arrive, unsigned long long* cand, int32_t* sel_tokens) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3-6 in the body
     dsa_index_select_body<H, D, KP, TOPK_POOLS, FP8, BITS, QROT, MMA, ORDER_FREE>(q, raw_w, pool_keys, pool_codes, pool_scales, seq_len,
                                                            tau, scores, hist, arrive, cand, sel_tokens);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

@@ -55,6 +55,7 @@
 //     rank order, expanded to their tokens, then the tail pool's visible tokens, then -1.
 // Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
 // unit may wrap the body in an extern "C" kernel with the same launch bounds.
+// The store kernels carry phase stamps (kbp_stamps.cuh): 3 key normalised (norm form), 4 pool key formed.
 #pragma once
 
 #include "dsa_indexer_common.cuh"
@@ -132,6 +133,7 @@ __device__ __forceinline__ void dsa_indexer_store_token(
         const float term = (e[s] / den) * k[s];
         acc = s == 0 ? term : acc + term;
     }
+    KBP_STAMP(4);   // a pool-completing step only: the pool key's softmax sum formed (before its store)
     if constexpr (FP8) {
         dsa_store_pool_fp8<D>(acc, p, pool_codes, pool_scales);
     } else {
@@ -161,6 +163,7 @@ __device__ __forceinline__ void dsa_indexer_store_norm_body(
     static_assert(D >= 32 && D <= 1024 && (D & (D - 1)) == 0, "the norm's block rule: D threads, a power of two");
     float y[1];
     layer_norm_row_f32<D, D>(x, norm_w, norm_b, eps, y);
+    KBP_STAMP(3);   // the key normalised (LayerNorm done)
     dsa_indexer_store_token<D, KP, FP8>(f32_to_bf16(y[0]), gate[threadIdx.x], slot_term, kg_keys, kg_gates, rows,
                                         pool_keys, pool_codes, pool_scales, tau_ptr[0]);
 }
@@ -171,10 +174,14 @@ __global__ void __launch_bounds__(D) dsa_indexer_store(
     const float* slot_term, __nv_bfloat16* kg_keys,
     __nv_bfloat16* kg_gates, int rows, float* pool_keys,
     uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     dsa_indexer_store_body<D, KP, FP8>(key, gate, slot_term, kg_keys, kg_gates, rows, pool_keys, pool_codes,
                                        pool_scales, tau_ptr);
+    KBP_STAMP_END();
 }
 
 template <int D, int KP, bool FP8>
@@ -183,10 +190,14 @@ __global__ void __launch_bounds__(D) dsa_indexer_store_norm(
     const __nv_bfloat16* gate, const float* slot_term, __nv_bfloat16* kg_keys,
     __nv_bfloat16* kg_gates, int rows, float* pool_keys,
     uint8_t* pool_codes, float* pool_scales, const int32_t* tau_ptr) {
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     dsa_indexer_store_norm_body<D, KP, FP8>(x, norm_w, norm_b, eps, gate, slot_term, kg_keys, kg_gates, rows,
                                             pool_keys, pool_codes, pool_scales, tau_ptr);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

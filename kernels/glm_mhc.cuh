@@ -29,6 +29,7 @@
 //   y = rn_bf16(tree_i fl(pre_i x_i)); yhat = rn_bf16(fl(y * rsqrtf(ss_y / D + eps)) * gamma);
 //   x'_j = fl(post_j u) + tree_i fl(C_ij x_i) with u = rn_bf16(seq_rho u^rho);
 //   head = rn_bf16(tree_i x_i * fl(1/N)); expand widens the BF16 row exactly.
+// Phase stamps of a profiling build (kbp_stamps.cuh): hc_gates only (1/2 around its pdl_wait, 3).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -352,6 +353,7 @@ __device__ __forceinline__ void hc_gates_body(const float* mix, const float* alp
     const size_t t = blockIdx.x;
     for (int i = threadIdx.x; i < ROWS; i += 32) mu[i] = mix[t * ROWS + i];
     __syncwarp();
+    KBP_STAMP(3);   // the token's mix outputs mu loaded (then gates + Sinkhorn until the end)
     hc_gates_warp<N>(mu, alpha, beta, eps_hc, iters, post, comb, t, threadIdx.x);
 }
 
@@ -359,9 +361,13 @@ template <int N>
 __global__ void __launch_bounds__(32) hc_gates(const float* mix, const float* alpha,
                                                const float* beta, float eps_hc, int iters,
                                                float* post, float* comb) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3 in the body
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     hc_gates_body<N>(mix, alpha, beta, eps_hc, iters, post, comb);
+    KBP_STAMP_END();
 }
 
 // Block-wide 256 tree over one partial per tree thread; every tree thread gets the total.

@@ -59,6 +59,9 @@
 //   (the last-CTA form: ~4.5 us.) Tail C runs beside it: x_out count ~0.6 us after the loads,
 //   64 KB of streams from L2 into one SM ~0.6 us, collapse + norm ~0.3 us: ~2.2 us, off the path.
 //   Before pdl_wait (hidden behind the previous kernel under PDL): Phi, 16 KB a producer, ~1 us.
+// Phase stamps of a profiling build (kbp_stamps.cuh): 1/2 around each role's pdl_wait; hc_boundary's
+// producers 3 streams in shared memory, 4 chain slots stored; its tails (S, C) 5 slots seen, 6 output
+// written; hc_head_norm 3 thread 0's columns mixed, 4 the block's sum of squares.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -308,10 +311,13 @@ __device__ __forceinline__ void boundary_producer(const PreParams<N, R, K>& p, i
 #pragma unroll
         for (int j = 0; j < PF; ++j) wv[j] = __float2bfloat16_rn(0.0f);
     }
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();
+    KBP_STAMP(kStampWaitOut);
 
     producer_streams<N, D, SRC>(p, t, g, rg == 0, tid, xs);
     __syncthreads();
+    KBP_STAMP(3);   // producer: the group's streams loaded into shared memory (and x_out stored)
     if (has_chain) {
         const float v = boundary_chain<ND, KPT, PF>(xs, wv, phi, tt, lane);
         if (lane < 16) {
@@ -323,6 +329,7 @@ __device__ __forceinline__ void boundary_producer(const PreParams<N, R, K>& p, i
     } else if (SRC == kSrcPost && rg == 0 && warp == kBoundaryWarps - 1 && lane == 0) {
         count_in_release(p.counters + t);  // this CTA's x_out stores, for tail C
     }
+    KBP_STAMP(4);   // producer: warp 0's chain summed and its level-1 slots stored
 }
 
 // ------------------------------------------------------------------ tails
@@ -336,10 +343,13 @@ __device__ __forceinline__ void boundary_sinkhorn_tail(const PreParams<N, R, K>&
     const size_t t = blockIdx.y;
     pdl_launch_dependents();
     for (int i = tid; i < 3 + ROWS; i += kPreThreads) ab[i] = i < 3 ? __ldg(p.alpha + i) : __ldg(p.beta + i - 3);
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();
+    KBP_STAMP(kStampWaitOut);
     // Slot rows 2N .. ROWS: the comb rows, then the sum of squares.
     take_partials<NN + 1>(p.work + (t * SLOTS + FIRST) * kLevel1, [](int r) { return r; }, part, tid);
     __syncthreads();
+    KBP_STAMP(5);   // tail S: every comb-row and sum-of-squares slot seen (after the spin)
     if (warp == kBoundaryWarps - 1) {
         const float* v = part + NN * kLevel1;
         const float ss = tree_from_level1(v[lane], v[lane + 32], v[lane + 64], v[lane + 96]);
@@ -360,6 +370,7 @@ __device__ __forceinline__ void boundary_sinkhorn_tail(const PreParams<N, R, K>&
     }
     __syncwarp();
     if (p.comb != nullptr) hc_gates_warp<N>(mu, ab, ab + 3, p.eps_hc, p.iters, nullptr, p.comb, t, lane);
+    KBP_STAMP(6);   // tail S: mu written and (with p.comb) softmax + Sinkhorn done, comb written
 }
 
 // Tail C: mu of the pre and post rows, the post gates (if p.comb), collapse and site RMSNorm.
@@ -386,7 +397,9 @@ __device__ __forceinline__ void boundary_collapse_tail(const PreParams<N, R, K>&
 #pragma unroll
         for (int q = 0; q < QD; ++q) gam[q] = 0.0f;
     }
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();
+    KBP_STAMP(kStampWaitOut);
     auto load = [&](int i, int k) -> float {
         if constexpr (SRC == kSrcExpand) return bf16_to_f32(ld_step(p.h + t * D + k));
         else if constexpr (SRC == kSrcPost) return __ldcg(p.x_out + (t * N + i) * D + k);  // the producers' stores
@@ -413,6 +426,7 @@ __device__ __forceinline__ void boundary_collapse_tail(const PreParams<N, R, K>&
         }
     }
     __syncthreads();
+    KBP_STAMP(5);   // tail C: its slots seen and (kSrcPost) the x_out count complete
     if constexpr (SRC == kSrcPost) cache();  // every writer's x_out is visible now
     if (warp == kBoundaryWarps - 1) {
         const float* v = part + 2 * N * kLevel1;
@@ -442,6 +456,7 @@ __device__ __forceinline__ void boundary_collapse_tail(const PreParams<N, R, K>&
     } else {
         collapse_norm<N, D>(p, mu, ab, t, tid, gam, red, total, [&](int i, int, int k) { return load(i, k); });
     }
+    KBP_STAMP(6);   // tail C: collapse + site RMSNorm done (thread 0's columns stored)
 }
 
 template <int N, int D, int SRC, int R, int K, int RPC>
@@ -468,7 +483,9 @@ __device__ __forceinline__ void hc_boundary_body(const PreParams<N, R, K>& p) {
 
 template <int N, int D, int SRC, int R, int K, int RPC>
 __global__ void __launch_bounds__(kPreThreads, 1) hc_boundary(const PreParams<N, R, K> p) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3-6 in the roles
     hc_boundary_body<N, D, SRC, R, K, RPC>(p);
+    KBP_STAMP_END();
 }
 
 // ------------------------------------------------------------------ head + final RMSNorm
@@ -504,7 +521,9 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
         const int pr = tid + s * THREADS;
         gm[s] = pr < PAIRS ? bf16x2_load(p.gamma + 2 * pr) : make_float2(0.0f, 0.0f);
     }
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();
+    KBP_STAMP(kStampWaitOut);
     pdl_launch_dependents();
     float pin[N], cin[N * N];
 #pragma unroll
@@ -543,7 +562,9 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
         partial = partial + hv[0] * hv[0];
         partial = partial + hv[1] * hv[1];
     }
+    KBP_STAMP(3);   // thread 0's columns read, post-mixed (x_out) and head stored
     const float ss = rms_block_sum<THREADS>(partial, warp_sums);
+    KBP_STAMP(4);   // the block's sum of squares met
     const float rr = rsqrt_f32(ss / (float)D + p.eps);
 #pragma unroll
     for (int s = 0; s < PER; ++s) {
@@ -557,7 +578,9 @@ __device__ __forceinline__ void hc_head_norm_body(const HeadParams<N, R, K>& p) 
 
 template <int N, int D, int THREADS, bool ONE_PLUS, bool POST, int R, int K = 0>
 __global__ void __launch_bounds__(THREADS) hc_head_norm(const HeadParams<N, R, K> p) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3, 4 in the body
     hc_head_norm_body<N, D, THREADS, ONE_PLUS, POST, R, K>(p);
+    KBP_STAMP_END();
 }
 
 }  // namespace mhc

@@ -40,6 +40,7 @@
 // whole tree (mla_split_merge): the same operations per output as the pairwise merge it replaced.
 // Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
 // unit may wrap the body in an extern "C" kernel with the same launch bounds.
+// glm_mla_decode_split carries phase stamps (kbp_stamps.cuh): 3 attended, 4 leaves published, 5 tree factors.
 #pragma once
 
 #include "dsa_indexer_common.cuh"   // transpose_reduce, cp.async helpers
@@ -286,6 +287,7 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[HPC][CPT], cons
     }
     uint32_t* cnt = counters + (size_t)r * V * H + hg;
     mla_barrier(cnt, cnt + H, (uint32_t)V);
+    KBP_STAMP(4);   // the head group's V partial states published (arrival barrier passed)
     const float* leaves = merge + ((size_t)r * V * H + hg * HPC) * PS;   // leaf u at u * H * PS
     const size_t leaf_stride = (size_t)H * PS;
     const int share = (HPC * E + V - 1) / V, lo = min(HPC * E, w * share), hi = min(HPC * E, lo + share);
@@ -319,6 +321,7 @@ __device__ __forceinline__ void mla_split_merge(const float (&o)[HPC][CPT], cons
         for (int u = 0; u < V; ++u) x[u] = __ldcg(p + u * leaf_stride);
     }
     __syncthreads();   // tfa, tfb, troot
+    KBP_STAMP(5);   // tree factors formed (and the first output's leaves loaded)
     for (int i = lo + t; i < hi; i += MLA_SPLIT_THREADS) {
         const int h = i / E;
         if (i != lo + t || !early) {
@@ -358,7 +361,9 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int w = blockIdx.x, hg = blockIdx.y, r = blockIdx.z, H = gridDim.y * HPC;
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // q, sel, the cache row of this step: written by earlier kernels
+    KBP_STAMP(kStampWaitOut);
     const int seq_len = seq_len_ptr[0];
     sel += (size_t)r * width;
     const int groups = (width + G - 1) / G;
@@ -413,6 +418,7 @@ __device__ __forceinline__ void glm_mla_decode_split_body(
         }
     }
 
+    KBP_STAMP(3);   // attend phase done (the CTA's partial state in registers)
     if (warp < HPC && lane == 0) sm.m[warp] = m_run;
     if (t < HPC) sm.l[t] = l_run;
     __syncthreads();
@@ -425,8 +431,10 @@ __global__ void __launch_bounds__(MLA_SPLIT_THREADS) glm_mla_decode_split(
     const int32_t* block_table, int page_size, const int32_t* sel, int width,
     const int32_t* seq_len_ptr, float s_k, __nv_bfloat16* out,
     float* merge, uint32_t* counters) {
+    KBP_STAMP_BEGIN();
     glm_mla_decode_split_body<E, V, G, HPC>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, out,
                                             merge, counters);
+    KBP_STAMP_END();
 }
 
 // The unquantized form (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py

@@ -49,6 +49,7 @@
 // room only as the decode's CTAs exit; capped at 128 (two CTAs an SM) they loaded their weights
 // during the decode, which then took 2-3 us longer: DSA sublayer -1.0 us at 1k, +0.2 to +1.0 at 16k
 // against this form (H200, 128-expert seed shrink, replay timelines; bench/NOTES.md, 29th session).
+// Both kernels carry phase stamps (kbp_stamps.cuh): 3 attended, 4 partials published, 5 merge factors, 6 row scale.
 #pragma once
 
 #include "dsa_indexer_common.cuh"   // transpose_reduce
@@ -204,6 +205,7 @@ __device__ __forceinline__ float mla_fast_merge_share(const float* part, int sli
     else if (early)
         mla_share_load(part, ((lo + t) / E) * PS + (lo + t) % E, 0, slices, slice_stride, x);
     __syncthreads();   // fmerge, l_sh
+    KBP_STAMP(5);   // merge factors formed (and the first output's first batch loaded)
     float amax = 0.0f;
     for (int i = lo + t; i < hi; i += MLA_FAST_THREADS) {
         const int h = i / E;
@@ -253,6 +255,7 @@ __device__ __forceinline__ void mla_fast_quant(float amax, const uint16_t* ys, i
         __stcg(slots + cta, cm);
     }
     mla_barrier(sync + ctas, sync + ctas + 1, (uint32_t)ctas);
+    KBP_STAMP(6);   // fused form: every CTA of the row merged and arrived (before the row's scale)
     if (warp == 0) {   // the row's max over the slots (order-free)
         float g = 0.0f;
         for (int i = lane; i < ctas; i += 32) g = fmaxf(g, __ldcg(slots + i));
@@ -292,7 +295,9 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     float* fmerge = reinterpret_cast<float*>(rows + chunk);   // [HPC][S]
     float* merge_ml = fmerge + HPC * gridDim.x;                // [HPC][S]: l f per slice
 
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // q, sel, this step's cache row and seq_len: written by earlier kernels
+    KBP_STAMP(kStampWaitOut);
     ::kbp::pdl_launch_dependents();
     const int seq_len = ld_step(seq_len_ptr);
     sel += (size_t)r * width;
@@ -374,6 +379,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
         __syncthreads();   // the chunk's rows, factors and row list are rewritten next
     }
 
+    KBP_STAMP(3);   // attend phase done (the slice's partial state in registers)
     // Publish this slice's partial; once the head group's S CTAs have, each merges its share.
     float* mine_p = partials + (((size_t)r * slices + s) * H + hg * HPC) * PS;
 #pragma unroll
@@ -387,6 +393,7 @@ __device__ __forceinline__ void glm_mla_decode_fast_body(
     }
     uint32_t* cnt = counters + 2 * ((size_t)r * groups + hg);
     mla_barrier(cnt, cnt + 1, (uint32_t)slices);   // glm_mla_decode.cuh
+    KBP_STAMP(4);   // the head group's S partials published (arrival barrier passed)
     const int share = mla_fast_share(E, HPC, slices);
     const int lo = min(HPC * E, s * share), hi = min(HPC * E, lo + share);
     uint16_t* ys = reinterpret_cast<uint16_t*>(merge_ml + HPC * slices);
@@ -402,8 +409,10 @@ __global__ void __launch_bounds__(MLA_FAST_THREADS) glm_mla_decode_fast(
     const int32_t* block_table, int page_size, const int32_t* sel, int width,
     const int32_t* seq_len_ptr, float s_k, int chunk, __nv_bfloat16* out,
     float* partials, uint32_t* counters) {
+    KBP_STAMP_BEGIN();
     glm_mla_decode_fast_body<E, HPC>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, chunk, out,
                                      partials, counters);
+    KBP_STAMP_END();
 }
 
 template <int E, int HPC>
@@ -412,8 +421,10 @@ __global__ void __launch_bounds__(MLA_FAST_THREADS) glm_mla_decode_fast_quant(
     const int32_t* block_table, int page_size, const int32_t* sel, int width,
     const int32_t* seq_len_ptr, float s_k, int chunk, __nv_bfloat16* out,
     float* partials, uint32_t* counters, uint8_t* codes, float* scales, uint32_t* sync) {
+    KBP_STAMP_BEGIN();
     glm_mla_decode_fast_body<E, HPC, true>(q, cache, block_table, page_size, sel, width, seq_len_ptr, s_k, chunk,
                                            out, partials, counters, MlaQuantOut{codes, scales, sync});
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

@@ -27,6 +27,7 @@
 //   the E/32 warp sums; c^_i = sat_e4m3(fl(fl(fl(c_i r) gamma_i) * fl(1 / s_k))).
 // Each kernel NAME is a thin __global__ over NAME_body (a __device__ function), so a translation
 // unit may wrap the body in an extern "C" kernel with the same launch bounds.
+// The kernels carry phase stamps (kbp_stamps.cuh): the wait, and 3 when the row's sum of squares is reduced.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -51,6 +52,7 @@ __device__ __forceinline__ void glm_mla_latent_write_row(
     const float s = warp_sum_xor(x * x);
     if ((i & 31) == 0) warp_sums[i >> 5] = s;
     __syncthreads();
+    KBP_STAMP(3);   // the row loaded and its warp sums of squares in shared memory
     // Halving tree over the warp sums, done by every thread on its own copy (tiny, no syncs).
     float v[WARPS];
 #pragma unroll
@@ -83,9 +85,13 @@ template <int E>
 __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* slots, float s_k, float eps, uint8_t* cache) {
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     glm_mla_latent_write_fp8_body<E>(c, gamma, slots, s_k, eps, cache);
+    KBP_STAMP_END();
 }
 
 // Slot of token t: block_table[t / P] * P + t % P (the decode reads through the same table).
@@ -105,9 +111,13 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_fp8_paged(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* block_table, int page_size, const int32_t* pos,
     float s_k, float eps, uint8_t* cache) {
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     glm_mla_latent_write_fp8_paged_body<E>(c, gamma, block_table, page_size, pos, s_k, eps, cache);
+    KBP_STAMP_END();
 }
 
 // The unquantized form (kbpc compile --no-act-quant, a debugging aid; kbpc/reference/no_act_quant.py
@@ -117,12 +127,16 @@ __global__ void __launch_bounds__(E) glm_mla_latent_write_f32_paged(
     const __nv_bfloat16* c, const __nv_bfloat16* gamma,
     const int32_t* block_table, int page_size, const int32_t* pos,
     float eps, float* cache) {
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     const int row = blockIdx.x;
     const int t = pos[0] + row;
     const int32_t slot = block_table[t / page_size] * page_size + t % page_size;
     glm_mla_latent_write_row<E, float>(c + (size_t)row * E, gamma, slot, 1.0f, eps, cache);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

@@ -42,6 +42,8 @@
 // With the quantizer, each CTA of token t quantizes, after its GEMV (after pdl_wait), values
 // i = blockIdx.x * THREADS + threadIdx.x (+ gridDim.x * THREADS ...) of row t, a 16-value group to 16
 // lanes (nvfp4_quant_group_lanes: the group scale and codes w4a4_quant_rows_static writes).
+// Phase stamps of a profiling build (kbp_stamps.cuh): router_cluster_topk_quant only, 3-5 inline
+// (its pdl_wait is dense_row_partial's, in dense_bf16.cuh, which stamps 1/2).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -266,6 +268,7 @@ router_cluster_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
                           const float* bias, float routed_scale, float* logits, unsigned* /*arrive*/,
                           float* weights, int* ids, float gamma, uint8_t* a_codes, uint8_t* a_scales,
                           float* a_g) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3-5 below
     constexpr int LPC = router_cluster_lpc(E, CL), THREADS = router_cluster_threads(E, CL), G = THREADS / 64;
     constexpr int R = (LPC + G - 1) / G;   // rows a group
     static_assert(H % 16 == 0, "router input rows of whole NVFP4 groups");
@@ -302,6 +305,7 @@ router_cluster_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
         y[r] = l == 0 && mine ? __fadd_rn(acc, part[slot]) : 0.0f;
         if (R > 1) __syncthreads();   // part is reused by the next row
     }
+    KBP_STAMP(3);   // the CTA's GEMV rows done (logits in registers)
     cluster_wait();   // every CTA of the cluster runs
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -315,9 +319,12 @@ router_cluster_topk_quant(const __nv_bfloat16* w, const __nv_bfloat16* x,
         if (l == 0 && slot + G * r < LPC && n < E) logits[(size_t)t * E + n] = y[r];
     }
     router_quant_share<H, THREADS>(x, gamma, a_codes, a_scales, a_g, c, CL, t);   // waits itself
+    KBP_STAMP(4);   // logits stored (global copy) and the CTA's NVFP4 share of x stored
     cluster_wait_acquire();
-    if (c != 0) return;
+    KBP_STAMP(5);   // cluster barrier passed: every logit in CTA 0's shared row
+    if (c != 0) { KBP_STAMP_END(); return; }
     router_topk_row<E, K, THREADS>(z, bias, routed_scale, weights + (size_t)t * K, ids + (size_t)t * K);
+    KBP_STAMP_END();   // CTA 0: top-k ranked, weights and ids stored
 }
 
 }  // namespace kbp

@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "kbp_stamps.cuh"
 #include "kbp_transcendental.cuh"
 
 namespace kbp {

@@ -19,6 +19,7 @@
 // Math: exactly the two kernels' (the same device functions on the same values): the same bits.
 // PDL: dependents are released first thing (both halves are latency-bound); the gate CTAs load their
 // weight tiles before pdl_wait, the conv CTAs prefetch their window and taps into L2 before it.
+// Phase stamps (kbp_stamps.cuh): begin, the wait (the gate CTAs' inside kda_gates_w8a8.cuh), end.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -62,11 +63,13 @@ kda_conv_gates(const __nv_bfloat16* xf, const __nv_bfloat16* xg, int x_stride, i
     constexpr int THREADS = 32 * WARPS, GATE_BLOCKS = 2 * kda_gates_blocks<N, WARPS>();
     static_assert(THREADS % DK == 0, "a conv head never straddles two blocks");
     static_assert(C_QK % 2 == 0, "q and k have the same width");
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the recurrence may take free SMs now (it waits in pdl_wait)
     if (blockIdx.x < GATE_BLOCKS) {
         kda_gates_w8a8_k128_rows_dev<N, K, GDK, WARPS>(xf, xg, x_stride, m, wf, swf, wg, swg, a_log,  // pdl_wait inside
             dt_bias, lower_bound, b, b_stride, decay, decay_stride, og, og_stride, beta, beta_stride,
             f_out, f_stride, blockIdx.x);
+        KBP_STAMP_END();
         return;
     }
     const int block = blockIdx.x - GATE_BLOCKS;
@@ -75,9 +78,12 @@ kda_conv_gates(const __nv_bfloat16* xf, const __nv_bfloat16* xg, int x_stride, i
     const int c0 = block * THREADS, channels = (C - c0 < THREADS ? C - c0 : THREADS);
     prefetch_l2(window + (long)c0 * W, (size_t)channels * W * sizeof(float), threadIdx.x, THREADS);
     prefetch_l2(taps + (long)c0 * W, (size_t)channels * W * sizeof(__nv_bfloat16), threadIdx.x, THREADS);
+    KBP_STAMP(kStampWaitIn);   // conv CTAs
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     causal_conv1d_update_l2norm_dev<C, C_QK, DK, W, THREADS, __nv_bfloat16>(ConvQkvRows{q, k, v, C_QK / 2}, window,
         window_stride, taps, bias, eps, out, out_stride, block);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

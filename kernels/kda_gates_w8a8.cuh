@@ -250,7 +250,9 @@ kda_gates_w8a8_k128_rows_dev(const __nv_bfloat16* xf, const __nv_bfloat16* xg,
             bias[h] = seg_f ? __ldg(dt_bias + n) : 0.0f;
         }
     }
+    KBP_STAMP(kStampWaitIn);   // phase stamps of a kernel that began them (kbp_stamps.cuh)
     pdl_wait();   // PDL: nothing below reads step data before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
 
     if (rows) {
         uint32_t xq[K / 128][8];

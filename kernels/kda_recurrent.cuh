@@ -36,6 +36,7 @@
 //     kda_o_norm_gated_bf16's. DV % 32 == 0, DV <= 1024.
 // Entry points: the __global__ templates, or the body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+// kda_recurrent_norm_decode_bf16 carries phase stamps (kbp_stamps.cuh): 3 token staged, 4 recurrence done.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -189,6 +190,7 @@ kda_recurrent_norm_decode_bf16(const __nv_bfloat16* q, const __nv_bfloat16* k, c
     static_assert(HV % HK == 0, "each q/k head serves a whole group of value heads");
     static_assert(DV % 32 == 0 && DV <= 1024, "one block of whole warps per value head");
     static_assert(DK % 4 == 0, "the staged factors are read as float4");
+    KBP_STAMP_BEGIN();
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
     __shared__ __align__(16) float s_decay[DK], s_k[DK], s_q[DK];
     const int h = blockIdx.x, hk = h / (HV / HK), j = threadIdx.x;
@@ -196,17 +198,22 @@ kda_recurrent_norm_decode_bf16(const __nv_bfloat16* q, const __nv_bfloat16* k, c
     float S[DK];   // read before pdl_wait, as in the column form: the state is this kernel's own
 #pragma unroll
     for (int i = 0; i < DK; ++i) S[i] = col[(long)i * DV];
+    KBP_STAMP(kStampWaitIn);   // the state column's loads issued
     pdl_wait();   // PDL: q, k, v, the gates, beta and z come from the previous kernels
+    KBP_STAMP(kStampWaitOut);
     kda_stage_token<DK, DV>(q + (long)hk * DK, k + (long)hk * DK, log_decay + (long)h * DK, scale,
                             s_decay, s_k, s_q);
     __syncthreads();
+    KBP_STAMP(3);   // the token's e^g, k and scaled q staged in shared memory
     const float vj = bf16_to_f32(v[(long)h * DV + j]);
     const float o = kda_column_step<DK>(S, s_decay, s_k, s_q, vj, beta[h]);
 #pragma unroll
     for (int i = 0; i < DK; ++i) col[(long)i * DV] = S[i];
     if (out != nullptr) out[(long)h * DV + j] = o;
+    KBP_STAMP(4);   // recurrence done: the column updated and stored back (the gated norm follows)
     y[(long)h * DV + j] = kda_o_norm_head<DV>(o, gamma[(long)h * gamma_head_stride + j],
                                               gate[(long)h * DV + j], eps);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

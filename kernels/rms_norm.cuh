@@ -31,6 +31,8 @@
 //     codes equal the standalone quantizer's whatever the block size.
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper, which must carry the same __launch_bounds__.
+// Phase stamps of a profiling build (kbp_stamps.cuh): rms_norm_quant_fp8 only (1/2 around its
+// pdl_wait, 3 after the block's sum of squares; the end: codes and scale stored).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -152,6 +154,7 @@ rms_norm_quant_fp8_dev(const __nv_bfloat16* x, long x_stride, const __nv_bfloat1
         partial = partial + v[k].y * v[k].y;
     }
     const float ss = rms_block_sum<THREADS>(partial, warp_sums);
+    KBP_STAMP(3);   // row loaded and the block's sum of squares met (then norm, max, encoding)
     const float rr = kbp::rsqrt_f32(ss / (float)D + eps);
     float m = 0.0f;
 #pragma unroll
@@ -188,9 +191,13 @@ __global__ void __launch_bounds__(THREADS)
 rms_norm_quant_fp8(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* weight,
                    float eps, __nv_bfloat16* y, long y_stride, uint8_t* q,
                    float* s) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3 in the body
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     rms_norm_quant_fp8_dev<D, THREADS, ONE_PLUS>(x, x_stride, weight, eps, y, y_stride, q, s);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

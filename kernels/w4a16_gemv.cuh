@@ -48,6 +48,7 @@
 //   (used in both modes) loads early but does not trigger (kW4A16PairTrigger).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
+// Phase stamps (kbp_stamps.cuh, every kernel here): the wait, and 3 when the thread's walk is done.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -245,12 +246,15 @@ __device__ __forceinline__ void w4a16_cta(const uint8_t* codes, const uint8_t* s
     float acc[W4A16_ROWS];
     W4A16Batch first;
     w4a16_load_batch<K>(codes_n0, scales_n0, l, valid, 0, first);
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();   // PDL: x comes from the kernel before
+    KBP_STAMP(kStampWaitOut);
     if (TRIGGER) pdl_launch_dependents();
     if (w4a16_x_big<K>(x4))  // uniform over the CTA
         w4a16_rows_walk<K, true, true>(codes_n0, scales_n0, gscale, x4, l, valid, acc, first);
     else
         w4a16_rows_walk<K, false, true>(codes_n0, scales_n0, gscale, x4, l, valid, acc, first);
+    KBP_STAMP(3);   // the walk done (thread 0's rows accumulated), before the two-warp finish
     w4a16_finish(acc, grp, l, valid, y + n0, part);
 }
 
@@ -267,8 +271,10 @@ __global__ void __launch_bounds__(256) w4a16_gemv(const uint8_t* codes,
                                                   const uint8_t* scales, float gscale,
                                                   const __nv_bfloat16* x,
                                                   __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     // PDL: w4a16_cta waits once its first weight batch is in flight
     w4a16_gemv_dev<K>(codes, scales, gscale, x, y, N);
+    KBP_STAMP_END();
 }
 
 template <int K>
@@ -284,8 +290,10 @@ __device__ __forceinline__ void w4a16_gemv_seg_dev(const W4A16Seg* table, int ns
 template <int K>
 __global__ void __launch_bounds__(256) w4a16_gemv_seg(const W4A16Seg* table, int nseg,
                                                       const __nv_bfloat16* x) {
+    KBP_STAMP_BEGIN();
     // PDL: w4a16_cta waits once its first weight batch is in flight
     w4a16_gemv_seg_dev<K>(table, nseg, x);
+    KBP_STAMP_END();
 }
 
 // The segment table as a kernel parameter (NSEG <= W4A16_MAX_SEGS: 4 KB parameter limit to spare).
@@ -299,7 +307,9 @@ __global__ void __launch_bounds__(256) w4a16_gemv_seg_list(const __grid_constant
                                                            const __nv_bfloat16* x) {
     // PDL: w4a16_cta waits once its first weight batch is in flight (the table is a parameter)
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
+    KBP_STAMP_BEGIN();
     w4a16_gemv_seg_dev<K>(segs.seg, NSEG, x);
+    KBP_STAMP_END();
 }
 
 // SiLU-input form, 8-value walk: x_k = f32(f32(g / f32(1 + expf(-g))) * u); w_k = f32(q * f32(s_g *
@@ -393,7 +403,9 @@ __device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* codes,
     const uint8_t* scales_n0 = scales + (size_t)n0 * (K / 16);
     W4A16SiluBatch first;
     w4a16_silu_load_batch<K>(codes_n0, scales_n0, l, valid, 0, first);
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();   // PDL: g and u come from the kernel before
+    KBP_STAMP(kStampWaitOut);
     if (TRIGGER) pdl_launch_dependents();
     for (int k = threadIdx.x; k < K; k += 256) {  // x_k = silu(g_k) * u_k, once per CTA
         float gk = __bfloat162float(g[k]), uk = __bfloat162float(u[k]);
@@ -402,6 +414,7 @@ __device__ __forceinline__ void w4a16_silu_input_impl(const uint8_t* codes,
     }
     float acc[W4A16_ROWS];
     w4a16_silu_walk<K, true>(codes_n0, scales_n0, gscale, xs, l, valid, acc, first);
+    KBP_STAMP(3);   // the walk done (thread 0's rows accumulated), before the two-warp finish
     w4a16_finish(acc, grp, l, valid, y + n0, part);
 }
 
@@ -429,8 +442,10 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_clamp_input(const uint8_t
                                                                    const __nv_bfloat16* g,
                                                                    const __nv_bfloat16* u, float limit,
                                                                    __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     // PDL: w4a16_silu_input_impl waits once its first weight batch is in flight
     w4a16_gemv_silu_clamp_input_dev<K>(codes, scales, gscale, g, u, limit, y, N);
+    KBP_STAMP_END();
 }
 
 template <int K>
@@ -439,8 +454,10 @@ __global__ void __launch_bounds__(256) w4a16_gemv_silu_input(const uint8_t* code
                                                              const __nv_bfloat16* g,
                                                              const __nv_bfloat16* u,
                                                              __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     // PDL: w4a16_silu_input_impl waits once its first weight batch is in flight
     w4a16_gemv_silu_input_dev<K>(codes, scales, gscale, g, u, y, N);
+    KBP_STAMP_END();
 }
 
 // ------------------------------------------------------------------ shared expert pair
@@ -477,9 +494,11 @@ __global__ void __launch_bounds__(256) w4a16_shared_pair(int phase, const uint8_
                                                          const uint8_t* dn_codes,
                                                          const uint8_t* dn_scales, float dn_gscale,
                                                          float limit, __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     // PDL: each phase waits once its first weight batch is in flight
     w4a16_shared_pair_dev<K, I>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales, dn_gscale,
                                 limit, y, N);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

@@ -68,6 +68,7 @@
 //   seed shrink; the replay timelines show the gain in the MoE sublayers only, bench/NOTES.md,
 //   twenty-fifth session).
 // Entry points: the __global__ template, or its body <name>_dev<...> for a TU's own wrapper.
+// Phase stamps (kbp_stamps.cuh, all four kernels, in w4a16f_mac): 3 activation staged, 4 MMAs done.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -315,9 +316,12 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     }
     W4A16FBatch cur;
     w4a16f_load<K, KS>(cur, cg, c8, sg, s8, ks, t, 0);
+    KBP_STAMP(kStampWaitIn);
     pdl_wait();
+    KBP_STAMP(kStampWaitOut);
     pdl_launch_dependents();   // see the header
     const float unscale = stage();
+    KBP_STAMP(3);   // the activation staged (its 2^e known)
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // the two MMA chains
 #pragma unroll
     for (int b = 0; b < NBATCH; ++b) {
@@ -332,6 +336,7 @@ __device__ __forceinline__ float w4a16f_mac(const uint8_t* codes, const uint8_t*
     }
     if (t == 0) { part[warp][g] = d[0] + e[0]; part[warp][g + 8] = d[2] + e[2]; }
     __syncthreads();
+    KBP_STAMP(4);   // the CTA's last MMA done, every warp's row partials in shared memory
     return unscale;
 }
 
@@ -380,7 +385,9 @@ __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T)) w4a16_mm
                                                          const uint8_t* scales, float gscale,
                                                          const __nv_bfloat16* x,
                                                          __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     w4a16_mma_dev<K, KS, T, PF>(codes, scales, gscale, x, y, N);
+    KBP_STAMP_END();
 }
 
 __host__ __device__ constexpr int w4a16f_ctas(int n, int t) { return (n + 16 * t - 1) / (16 * t); }
@@ -398,8 +405,10 @@ template <int K, int KS, int T, int NSEG, int PF = 0>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_SEG_MIN_CTAS(KS * T)) w4a16_mma_seg_list(const __grid_constant__ W4A16SegList<NSEG> segs,
                                                                   const __nv_bfloat16* x) {
     static_assert(NSEG >= 1 && NSEG <= W4A16_MAX_SEGS, "segments per launch");
+    KBP_STAMP_BEGIN();
     pdl_launch_dependents();  // at CTA start (see the header); w4a16f_mac's trigger is then a no-op
     w4a16_mma_seg_dev<K, KS, T, PF>(segs.seg, NSEG, x);
+    KBP_STAMP_END();
 }
 
 
@@ -422,7 +431,9 @@ template <int K, int KS, int T>
 __global__ void __launch_bounds__(32 * KS * T, W4A16F_MIN_CTAS(KS * T))
     w4a16_mma_f32_input(const uint8_t* codes, const uint8_t* scales, float gscale,
                         const float* x, __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     w4a16_mma_f32_input_dev<K, KS, T>(codes, scales, gscale, x, y, N);
+    KBP_STAMP_END();
 }
 
 namespace {  // internal linkage: each TU (kernel instance) owns its SwiGLU row
@@ -489,8 +500,10 @@ __global__ void __launch_bounds__(32 * W4A16F_PAIR_WARPS, W4A16F_MIN_CTAS(W4A16F
                           float gu_gscale, const __nv_bfloat16* x, const uint8_t* dn_codes,
                           const uint8_t* dn_scales, float dn_gscale, float limit,
                           __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     w4a16_mma_shared_pair_dev<K, I, KS0, T0, KS1, T1>(phase, gu_codes, gu_scales, gu_gscale, x, dn_codes, dn_scales,
                                                       dn_gscale, limit, y, N);
+    KBP_STAMP_END();
 }
 
 #undef W4A16F_PAIR_WARPS

@@ -36,6 +36,8 @@
 //       input rows in one launch (rule moe_swiglu_down).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
+// Phase stamps (kbp_stamps.cuh; w4a4_gemv_moe_slots, _after_quant: the wait, 3 the tiles' dots done;
+// w4a4_quant_swiglu_rows_static: the wait, 3 the SwiGLU value formed).
 #pragma once
 
 #include "glm_swiglu_clamp.cuh"
@@ -103,7 +105,9 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
                           warp, lane);
     const size_t row = (unsigned)slot / (unsigned)act_div;  // slot >= 0, act_div >= 1: the unsigned divide is shorter
     if (IDS_EARLY) {
+        KBP_STAMP(kStampWaitIn);
         ::kbp::pdl_wait();   // the activation rows come from the previous kernel
+        KBP_STAMP(kStampWaitOut);
         ::kbp::pdl_launch_dependents();   // after the wait, as w4a4_gemv_moe_slots (see the header)
     }
     w4a4_stage_act<K>(a_codes + row * (K / 2), a_scales + row * (K / 16), sm);
@@ -111,6 +115,7 @@ __device__ __forceinline__ void w4a4_gemv_moe_slot_tile(
     float acc[TILES];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i] = w4a4_rows_dot<K, FAST>(w[i], sm, warp, lane);
+    KBP_STAMP(3);   // the tiles' dots done (thread 0's weights consumed), before the finish
     const float scale = __fmul_rn(ld_step(a_g + row), __ldg(w_gscale + e));
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
@@ -135,9 +140,13 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots(
     const uint8_t* a_scales, const float* a_g,
     const uint8_t* w_codes, const uint8_t* w_scales,
     const float* w_gscale, __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     ::kbp::pdl_launch_dependents();   // once every CTA has started: see the header
     w4a4_gemv_moe_slots_dev<K, FAST, TILES>(ids, act_div, a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);
+    KBP_STAMP_END();
 }
 
 // w4a4_gemv_moe_slots right after a launch that triggers its dependents only once its own
@@ -152,8 +161,10 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv_moe_slots_after_quant
     const uint8_t* a_scales, const float* a_g,
     const uint8_t* w_codes, const uint8_t* w_scales,
     const float* w_gscale, __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     w4a4_gemv_moe_slot_tile<K, FAST, TILES, true>(blockIdx.x * TILES, blockIdx.y, ids, 1, a_codes, a_scales, a_g,
                                                   w_codes, w_scales, w_gscale, y, N);
+    KBP_STAMP_END();
 }
 
 // Stage a BF16 row quantized with the static global scale gamma, as w4a4_stage_act stages the
@@ -234,20 +245,28 @@ __global__ void __launch_bounds__(256) w4a4_quant_swiglu_rows_static(const __nv_
                                                                       uint8_t* a_scales,
                                                                       float* a_g) {
     static_assert(K % 16 == 0, "NVFP4 groups are 16 values");
+    KBP_STAMP_BEGIN();
     const float inv_g = __fdiv_rn(1.0f, gamma);
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: the gate/up rows come from the previous kernel
+    KBP_STAMP(kStampWaitOut);
     // Dependents only after the wait (their CTAs still become resident before this launch's
     // work): w4a4_gemv_moe_slots_after_quant reads the router's ids before its own wait.
     ::kbp::pdl_launch_dependents();
     const size_t r = blockIdx.y;
     const int i = blockIdx.x * 256 + threadIdx.x;  // K % 16 == 0: a group is all in or all out
-    if (i >= K) return;                             // whole 16-lane groups leave together
+    if (i >= K) {                                   // whole 16-lane groups leave together
+        KBP_STAMP_END();
+        return;
+    }
     const __nv_bfloat16* row = gate_up + r * (2 * (size_t)K);
     const float v = round_bf16(swiglu_clamp_element(bf16_to_f32(ld_step(row + i)),
                                                     bf16_to_f32(ld_step(row + K + i)), limit));
+    KBP_STAMP(3);   // the gate/up pair loaded and the SwiGLU value formed (before the group's quantization)
     const int j = i / 16;
     nvfp4_quant_group_lanes(v, threadIdx.x & 15, gamma, inv_g, a_codes + r * (K / 2) + 8 * j, a_scales + r * (K / 16) + j);
     if (i == 0) a_g[r] = gamma;
+    KBP_STAMP_END();
 }
 
 // The routed gate/up slot GEMV with the down projection's input in its epilogue (rule

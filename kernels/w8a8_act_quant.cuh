@@ -18,6 +18,8 @@
 //   reduced with xor shuffles over the 16 lanes.
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
+// Phase stamps of a profiling build (kbp_stamps.cuh): w8a8_act_quant_row and _row_cluster (1/2 around
+// pdl_wait, 3 thread 0's values loaded, 4 the CTA's max, 5 the cluster's max; the end: codes stored).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -89,9 +91,11 @@ __device__ __forceinline__ void quant_row_impl(const __nv_bfloat16* x, const __n
             for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[j][i]));
         }
     }
+    KBP_STAMP(3);   // thread 0's vectors loaded, its max formed
     m = warp_max_xor(m);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
     __syncthreads();
+    KBP_STAMP(4);   // every warp's max in shared memory (then the scale and the encoding)
     m = red[0];
 #pragma unroll
     for (int i = 1; i < 8; ++i) m = fmaxf(m, red[i]);
@@ -134,9 +138,13 @@ __device__ __forceinline__ void w8a8_act_quant_row_dev(const __nv_bfloat16* x,
 template <int K, int SPLIT = 1>
 __global__ void __launch_bounds__(256) w8a8_act_quant_row(const __nv_bfloat16* x,
                                                           uint8_t* q, float* s) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3, 4 in quant_row_impl
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     w8a8_act_quant_row_dev<K, SPLIT>(x, q, s);
+    KBP_STAMP_END();
 }
 
 // One row as a cluster of CL CTAs (blockIdx.x = the CTA's rank, blockIdx.y = the row). The row is cut
@@ -173,9 +181,11 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
             for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[i]));
         }
     }
+    KBP_STAMP(3);   // thread 0's runs loaded, its max formed
     m = warp_max_xor(m);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
     __syncthreads();
+    KBP_STAMP(4);   // every warp's max in shared memory
     cluster_wait();   // every CTA of the cluster runs (each arrived at its start)
     if (threadIdx.x < CL) {
         float b = red[0];
@@ -185,6 +195,7 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
     }
     cluster_arrive_release();
     cluster_wait_acquire();
+    KBP_STAMP(5);   // cluster barrier passed: every CTA's max in slot (then the scale and the encoding)
     m = slot[0];
 #pragma unroll
     for (int i = 1; i < CL; ++i) m = fmaxf(m, slot[i]);
@@ -207,11 +218,15 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
 template <int K, int CL>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(256) w8a8_act_quant_row_cluster(const __nv_bfloat16* x,
                                                                                              uint8_t* q, float* s) {
+    KBP_STAMP_BEGIN();   // stamps of a profiling build (kbp_stamps.cuh): 3-5 in quant_row_cluster
     ::kbp::cluster_arrive_relaxed();   // this CTA runs: the others may store into its shared memory
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     const size_t r = blockIdx.y;
     quant_row_cluster<K, CL>(x + r * K, q + r * K, s + r);
+    KBP_STAMP_END();
 }
 
 template <int K>

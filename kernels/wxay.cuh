@@ -36,6 +36,7 @@
 //   care), which makes every fragment register one aligned word of those loads.
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
+// Phase stamps (kbp_stamps.cuh; wxay_rowscale, _split, _split_list): the wait, and 3 when the chains are done.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -101,7 +102,9 @@ __device__ __forceinline__ void wxay_warp_chain(const uint8_t* w_rows, const uin
             }
         }
         if (PREWAIT && b0 == 0) {
+            KBP_STAMP(kStampWaitIn);
             pdl_wait();   // PDL: the activation comes from the previous kernel
+            KBP_STAMP(kStampWaitOut);
             pdl_launch_dependents();   // see the header
         }
 #pragma unroll
@@ -160,7 +163,9 @@ __device__ __forceinline__ void wxay_warp_chain_exact(const uint8_t* w_rows, con
         wv[2] = ld_weight(r8 + 8 * warp); wv[3] = ld_weight(r8 + 8 * warp + 1);
     }
     if (PREWAIT) {
+        KBP_STAMP(kStampWaitIn);
         pdl_wait();   // PDL: the activation comes from the previous kernel
+        KBP_STAMP(kStampWaitOut);
         pdl_launch_dependents();   // as wxay_warp_chain (see the header)
     }
 #pragma unroll 1   // one chunk's loads at a time: the FP64 sums, not the loads, bound this form
@@ -221,6 +226,7 @@ __device__ __forceinline__ void wxay_tile(const uint8_t* w_rows, const float* w_
         wxay_warp_chain<K, PREWAIT>(w_rows, a_codes, warp, acc0, acc8);
     if (t == 0) { part[warp][g] = acc0; part[warp][g + 8] = acc8; }
     __syncthreads();
+    KBP_STAMP(3);   // every warp's chain done, the tile's partials in shared memory
     if (threadIdx.x < 16) {
         float v[8];
 #pragma unroll
@@ -245,8 +251,10 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale(const uint8_t* a_codes,
                                                      const uint8_t* w_codes,
                                                      const float* w_scales,
                                                      __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();
     // PDL: pdl_wait() inside the warp chains, after each warp's first weight loads
     wxay_rowscale_dev<K, EXACT, true>(a_codes, a_scale, w_codes, w_scales, y, N);
+    KBP_STAMP_END();
 }
 
 template <int K, bool EXACT = false, bool PREWAIT = false>
@@ -264,8 +272,12 @@ template <int K>
 __global__ void __launch_bounds__(256, 2) wxay_rowscale_split(const WxaySeg* table, int nseg,
                                                            const uint8_t* a_codes,
                                                            const float* a_scale) {
+    KBP_STAMP_BEGIN();
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     wxay_rowscale_split_dev<K>(table, nseg, a_codes, a_scale);
+    KBP_STAMP_END();
 }
 
 template <int NSEG>
@@ -278,9 +290,11 @@ __global__ void __launch_bounds__(256, 2) wxay_rowscale_split_list(const __grid_
                                                                 const uint8_t* a_codes,
                                                                 const float* a_scale) {
     static_assert(NSEG >= 1 && NSEG <= WXAY_MAX_SEGS, "segments per launch");
+    KBP_STAMP_BEGIN();
     // PDL: the table is a launch parameter; pdl_wait() inside the warp chains, after each warp's
     // first weight loads
     wxay_rowscale_split_dev<K, EXACT, true>(segs.seg, NSEG, a_codes, a_scale);
+    KBP_STAMP_END();
 }
 
 // ------------------------------------------------------------------ split over CTAs (small N)

@@ -6,6 +6,8 @@
 #   COMPARE    "BASE:OTHER[,OTHER...] ..." bundle names: scripts/compare_logits.py (bit for bit)
 #   AB         "NAME:CONTEXT ..." interleaved step benchmarks (scripts/gpu-ab.sh, RUNS replays each)
 #   TIMELINE   bundle names: replay timelines at CONTEXT (scripts/gpu-timeline.sh)
+#   STAMPS     "NAME:CONTEXT ..." profiling builds (kbpc compile --stamps): in-kernel phase stamps of
+#              REPLAYS (default 8) replays, bench/replay_stamps.py, stamps-NAME-CONTEXT.json
 # Usage: GPU_TESTS="tests/gpu/test_x.py" VERIFY="tiny deep" COMPARE="a:b,c" AB="a:1024 b:1024" scripts/gpu-round.sh
 set -uo pipefail
 W=/tmp/round; rm -rf "$W"; mkdir -p "$W"
@@ -41,5 +43,11 @@ if [ -n "${TIMELINE:-}" ]; then
     OUT="$W" scripts/gpu-timeline.sh $TIMELINE > "$W/timeline.log" 2>&1 || rc=1
     grep -E "^== " "$W/timeline.log"
 fi
+for pair in ${STAMPS:-}; do
+    name="${pair%%:*}"; ctx="${pair#*:}"
+    timeout "${STAMPS_LIMIT:-150}" python3 bench/replay_stamps.py "out/$name.kbp" $TRUST --context "$ctx" \
+        --replays "${REPLAYS:-8}" -o "$W/stamps-$name-$ctx.json" > "$W/stamps-$name-$ctx.log" 2>&1 || rc=1
+    note "stamps $pair: $(tail -1 "$W/stamps-$name-$ctx.log")"
+done
 tar czf "${OUT:-$PWD}/round.tgz" -C "$W" .
 exit $rc

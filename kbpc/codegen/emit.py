@@ -43,7 +43,7 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def build_step(plan: Plan, command: str) -> StepProgram:
+def build_step(plan: Plan, command: str, stamps: bool = False) -> StepProgram:
     ctx = LowerCtx(plan)
     groups = []
     by_id = {g.id: g for g in plan.groups}
@@ -70,12 +70,13 @@ def build_step(plan: Plan, command: str) -> StepProgram:
         weights=tuple(WeightBinding(i, w.name, w.storage, w.nbytes) for i, w in enumerate(plan.weights)),
         state=tuple(StateBinding(i, s.name, s.nbytes, s.storage) for i, s in enumerate(plan.state)),
         headers=tuple(sorted({inst.header for inst in instances.values()})),
-        instances=tuple(instances[k] for k in sorted(instances)), collective_layout=ctx.tp)
+        instances=tuple(instances[k] for k in sorted(instances)), collective_layout=ctx.tp, stamps=stamps)
     return run_launch_passes(step, plan.options)
 
 
-def generate(plan: Plan, command: str) -> Sources:
-    return render(build_step(plan, command))
+def generate(plan: Plan, command: str, stamps: bool = False) -> Sources:
+    """stamps: a profiling build, whose kernels record their phase stamps (kernels/kbp_stamps.cuh)."""
+    return render(build_step(plan, command, stamps))
 
 
 def render(step: StepProgram) -> Sources:
@@ -85,5 +86,5 @@ def render(step: StepProgram) -> Sources:
     files = {"src/step.cu": env.get_template("step.cu.j2").render(header=header, step=step)}
     tu = env.get_template("kernel_instance.cu.j2")
     for inst in step.instances:
-        files[f"src/kernels/{inst.name}.cu"] = tu.render(inst=inst)
+        files[f"src/kernels/{inst.name}.cu"] = tu.render(inst=inst, stamps=step.stamps)
     return Sources(files=files, step=step)

@@ -132,3 +132,4 @@ class StepProgram:
     tp_ranks: int = 1
     comm_bytes: int = 0              # the collective region (kbpc/codegen/collectives.py)
     collective_layout: TpStep | None = None   # read by the launch pass place_collectives
+    stamps: bool = False             # a profiling build: every TU exports its phase-stamp log

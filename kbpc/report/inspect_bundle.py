@@ -190,6 +190,9 @@ def render_bundle_summary(s: dict[str, Any], console: Console) -> None:
                                               ", activations unquantized (--no-act-quant: a debugging build)")),
         ("tensor parallel", _text(s["tp_size"])), ("step", step_line(s["step"])),
         *([("fusion", line)] if (line := fusion_line(_step_fusion(s["step"]))) else []),
+        *([("phase stamps", f"on: a profiling build (kbpc compile --stamps), {len(stamps)} kernel instances log them "
+                            "(bench/replay_stamps.py)")]
+          if isinstance(s["step"], dict) and isinstance(stamps := s["step"].get("stamps"), list) else []),
         ("toolchain", _text(s["toolchain"])),
         ("signed by", ", ".join(s["signers"]) + ("" if s["trusted"] else "  (UNTRUSTED, not verified)")),
         ("members", f"{s['member_count']:,} files, {human_bytes(s['total_member_bytes'])} "

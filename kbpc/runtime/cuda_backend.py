@@ -126,6 +126,11 @@ class CudaBackend:
             return None
         return prog.value, total.value
 
+    def stamp_logs(self):
+        """The phase-stamp logs of a profiling build (kbpc/runtime/stamps.py); BundleError otherwise."""
+        from kbpc.runtime.stamps import StampLogs
+        return StampLogs(self.lib, self.cuda, self.model.run.stamps)
+
     def _check_memory(self, needed: int) -> None:
         free, total = self.cuda.mem_get_info()
         if needed > free:

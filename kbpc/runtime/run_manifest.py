@@ -47,6 +47,7 @@ class RunManifest:
     groups: int
     act_quant: bool = True             # False: built without activation quantization (a debugging aid)
     marks: tuple[ProfileMark, ...] | None = None   # one per launch; None: a bundle whose profile marks groups
+    stamps: tuple[str, ...] | None = None   # a profiling build's kernel instances, in kbp_stamp_logs order
 
     @classmethod
     def from_json(cls, m: dict[str, Any]) -> "RunManifest":
@@ -72,6 +73,8 @@ class RunManifest:
                 groups=_count(step["groups"], "step.groups"),
                 marks=None if step.get("marks") is None else tuple(
                     _mark(d, f"step.marks[{i}]") for i, d in enumerate(_typed(step["marks"], list, "step.marks"))),
+                stamps=None if step.get("stamps") is None else tuple(
+                    _typed(n, str, f"step.stamps[{i}]") for i, n in enumerate(_typed(step["stamps"], list, "step.stamps"))),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise BundleError(f"manifest.json lacks a field the runner needs or holds it in another form "
