@@ -29,6 +29,7 @@
 //   them in pdl_wait: H200, 128-expert seed shrink, the index query's 1024 CTAs of 256 threads).
 // Entry points: the __global__ template, or its body <name>_dev<...>(same arguments) for a TU's own
 // extern "C" __global__ wrapper (what the GPU tests do).
+// Phase stamps of a profiling build (kbp_stamps.cuh): begin, the wait (dense_row_partial), end.
 #pragma once
 
 #include "kbp_common.cuh"
@@ -117,7 +118,9 @@ __global__ void __launch_bounds__(256) dense_gemv_bf16(const __nv_bfloat16* W,
                                                        const __nv_bfloat16* x,
                                                        OutT* y, int N) {
     // PDL: dense_row_partial waits once its first weight batch is in flight
+    KBP_STAMP_BEGIN();   // phase stamps of a profiling build (kbp_stamps.cuh): the wait, in dense_row_partial
     dense_gemv_bf16_dev<K, OutT>(W, x, y, N);
+    KBP_STAMP_END();
 }
 
 // The same kernel with OPC outputs (64 * OPC threads) per CTA: N / OPC CTAs spread a small N over
@@ -126,7 +129,9 @@ template <int K, typename OutT, int OPC>
 __global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_opc(const __nv_bfloat16* W,
                                                                 const __nv_bfloat16* x,
                                                                 OutT* y, int N) {
+    KBP_STAMP_BEGIN();
     dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
+    KBP_STAMP_END();
 }
 
 template <int K, typename OutT, int OPC, int KP, int TOPK_POOLS>
@@ -136,11 +141,14 @@ __global__ void __launch_bounds__(64 * OPC) dense_gemv_bf16_scores_only(const __
                                                                         const int32_t* seq_len,
                                                                         const int32_t* tau) {
     // SEQ and POS are uploaded before the step's first kernel: safe to read before the wait.
+    KBP_STAMP_BEGIN();
     if (dsa_every_pool_selected(seq_len[0], tau[0], KP, TOPK_POOLS)) {
         if (blockIdx.x == 0) pdl_wait();
+        KBP_STAMP_END();
         return;
     }
     dense_gemv_bf16_dev<K, OutT, OPC>(W, x, y, N);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp
