@@ -70,10 +70,10 @@ def match_launches(logs: dict[str, np.ndarray], launches: list) -> tuple[list[La
         if not rows:
             notes.append(f"{instance}: {records.size} stamp records but no launch of it in the step program")
             continue
-        groups = defaultdict(list)
-        for i, g in enumerate(records["grid"]):
-            groups[int(g)].append(i)
-        observed = sorted(groups.values(), key=lambda idx: int(records["t"][idx, 0].min()))
+        grids, which = np.unique(records["grid"], return_inverse=True)
+        order = np.argsort(which, kind="stable")
+        groups = np.split(order, np.cumsum(np.bincount(which, minlength=len(grids)))[:-1])
+        observed = sorted(groups, key=lambda idx: int(records["t"][idx, 0].min()))
         if len(observed) != len(rows):
             notes.append(f"{instance}: {len(observed)} launches stamped, {len(rows)} in the step program "
                          "(left out)")
