@@ -40,6 +40,8 @@ class LaunchStamps:
     grid: int                        # %gridid
     ctas: int                        # CTAs recorded
     t: np.ndarray
+    blocks: np.ndarray | None = None  # (ctas,) linear block index of each row of t
+    sms: np.ndarray | None = None     # (ctas,) the SM it ran on
 
     def first(self, i: int) -> int | None:
         v = self.t[:, i][self.t[:, i] != 0]
@@ -84,7 +86,8 @@ def match_launches(logs: dict[str, np.ndarray], launches: list) -> tuple[list[La
             continue
         for idx, row in zip(observed, rows):
             matched.append(LaunchStamps(row.index, instance, int(records["grid"][idx[0]]), len(idx),
-                                        np.asarray(records["t"][idx], dtype=np.int64)))
+                                        np.asarray(records["t"][idx], dtype=np.int64),
+                                        np.asarray(records["block"][idx]), np.asarray(records["smid"][idx])))
     matched.sort(key=lambda s: s.launch)
     return matched, notes
 
@@ -164,6 +167,24 @@ def by_instance(summary: dict) -> list[dict]:
         out.append({"instance": instance, "kernel": launches[0]["kernel"], "grid": list(grid),
                     "launches": len(launches), "phases": phases})
     return out
+
+
+def chrome_trace(logs: dict[str, np.ndarray], launches: list, title: str) -> dict:
+    """One replay's CTAs as a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): a track per
+    SM, a slice per CTA from its begin to its end stamp, named by its kernel, with its launch, block
+    and every stamp (us after the replay's first) in args: which kernels shared an SM, and when."""
+    matched, _ = match_launches(logs, launches)
+    kernels = {row.index: row.kernel for row in launches}
+    origin = min((int(s.t[:, 0].min()) for s in matched), default=0)
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": title}}]
+    for s in matched:
+        name = kernels[s.launch].split("<", 1)[0].replace("kbp::", "")
+        for t, block, sm in zip(s.t, s.blocks, s.sms):
+            stamps = {NAMES[i]: round((int(t[i]) - origin) / 1e3, 3) for i in range(TIMES) if t[i]}
+            events.append({"name": name, "ph": "X", "pid": 0, "tid": int(sm),
+                           "ts": (int(t[0]) - origin) / 1e3, "dur": max(0.0, (int(t[7]) - int(t[0])) / 1e3),
+                           "args": {"launch": s.launch, "block": int(block), **stamps}})
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
 
 
 def table(summary: dict, contains: str | None = None) -> str:

@@ -22,7 +22,7 @@ from kbpc.runtime.stamps import RECORD, TIMES
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from stamp_phases import by_instance, match_launches, summarize, table  # noqa: E402
+from stamp_phases import by_instance, chrome_trace, match_launches, summarize, table  # noqa: E402
 from timeline_launches import LaunchRow  # noqa: E402
 
 
@@ -150,3 +150,15 @@ def test_launch_count_mismatch_is_a_note():
     replay["ghost"] = replay["sel"]
     _, notes = match_launches(replay, LAUNCHES)
     assert notes == ["ghost: 4 stamp records but no launch of it in the step program"]
+
+
+def test_chrome_trace_puts_each_cta_on_its_sm():
+    replay = _replay()
+    replay["sel"]["smid"] = [3, 4, 3, 4]
+    trace = chrome_trace(replay, LAUNCHES, "t")
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == 8
+    first_sel = [e for e in slices if e["name"] == "dsa_index_select" and e["args"]["launch"] == 1]
+    assert sorted((e["tid"], e["args"]["block"], e["ts"], e["dur"]) for e in first_sel) == \
+        [(3, 0, 0.5, 2.1), (4, 1, 0.6, 4.4)]
+    assert first_sel[0]["args"]["phase 3"] in (2.0, 2.2)
