@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replay_timeline import bundle_launches, replay_arguments  # noqa: E402
-from stamp_phases import DEFAULT_ANCHORS, StampError, chrome_trace, summarize, table  # noqa: E402
+from stamp_phases import DEFAULT_ANCHORS, StampError, chain_table, chains, chrome_trace, summarize, table  # noqa: E402
 from timeline_launches import TimelineError  # noqa: E402
 
 
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchor", action="append", default=[],
                     help=f"kernel name text of the anchor launches (repeatable; default {', '.join(DEFAULT_ANCHORS)})")
     ap.add_argument("--kernel", help="print only kernels whose name contains this text (the JSON has all)")
+    ap.add_argument("--chain", action="store_true",
+                    help="print per sublayer kind every launch's stamps in launch order (medians over the "
+                         "sublayers) instead of the per-kernel table")
     ap.add_argument("--trace", type=Path, help="also write the last replay's CTAs here as a Chrome/Perfetto "
                                                "trace, a track per SM (tens of MB for the seed)")
     args = ap.parse_args(argv)
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(summary, indent=1) + "\n")
     if args.trace:
         args.trace.write_text(json.dumps(chrome_trace(replays[-1], launches, f"{args.bundle.name} CTAs by SM")))
-    print(table(summary, args.kernel))
+    summary["chains"] = chains(summary, launches)
+    print(chain_table(summary["chains"]) if args.chain else table(summary, args.kernel))
     print(f"host-timed stamped replays: {summary['host_replay_ms_median']:.3f} ms median"
           + (f"; {dropped} CTAs beyond the logs' capacity were not stored" if dropped else "")
           + f"; wrote {args.output}")

@@ -169,6 +169,62 @@ def by_instance(summary: dict) -> list[dict]:
     return out
 
 
+def chains(summary: dict, launches: list) -> dict[str, dict]:
+    """Per sublayer kind (bench/timeline_layers.py's names: kda / dsa attention, moe, dense mlp), the
+    sublayers' launches in launch order, each keyed by its rule and its occurrence in the sublayer
+    ("dsa_select #1"; the closing boundary last), with the median over those sublayers of each
+    stamp's first / median / last CTA after the opening boundary: where along a sublayer each
+    phase of each kernel happens. A sublayer runs from one anchor launch to the next."""
+    from timeline_layers import kind_of
+
+    anchors = tuple(summary["anchors"])
+    stamped = {l["launch"]: l for l in summary["launches"]}
+    layers: list[tuple[str, list[tuple[str, dict]]]] = []
+    opened, families, rows, seen = False, set(), [], {}
+    for row in launches:
+        is_anchor = any(a in row.kernel for a in anchors)
+        if opened:
+            name = row.rule or row.family
+            seen[name] = seen.get(name, 0) + 1
+            rows.append((f"{name} #{seen[name]}", stamped.get(row.index, {}).get("phases", {})))
+            if not is_anchor:
+                families.add(row.family)
+        if is_anchor:
+            if opened:
+                layers.append((kind_of(families), rows))
+            opened, families, rows, seen = True, set(), [], {}
+    out: dict[str, dict] = {}
+    for kind, rows in layers:
+        entry = out.setdefault(kind, {"sublayers": 0, "launches": {}})
+        entry["sublayers"] += 1
+        for key, phases in rows:
+            per = entry["launches"].setdefault(key, {})
+            for stamp, p in phases.items():
+                per.setdefault(stamp, []).append(p)
+    for entry in out.values():
+        entry["launches"] = {key: {stamp: {f: statistics.median(v[f] for v in vals) for f in ("first", "median", "last")}
+                                   for stamp, vals in sorted(per.items(), key=lambda kv: int(kv[0]))}
+                             for key, per in entry["launches"].items()}
+    return out
+
+
+def chain_table(chained: dict[str, dict]) -> str:
+    """chains() as text: per kind, each launch's stamps (first / median / last CTA, us after the
+    opening boundary); launches without stamps are listed without numbers."""
+    lines = []
+    for kind, entry in chained.items():
+        lines.append(f"{kind} ({entry['sublayers']} sublayers): us after the opening boundary ends "
+                     "(first / median / last CTA; medians over the sublayers)")
+        for key, phases in entry["launches"].items():
+            if not phases:
+                lines.append(f"  {key:44s} (no stamps)")
+                continue
+            cells = "  ".join(f"{NAMES[int(k)]} {p['first']:.2f}/{p['median']:.2f}/{p['last']:.2f}"
+                              for k, p in phases.items())
+            lines.append(f"  {key:44s} {cells}")
+    return "\n".join(lines)
+
+
 def chrome_trace(logs: dict[str, np.ndarray], launches: list, title: str) -> dict:
     """One replay's CTAs as a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): a track per
     SM, a slice per CTA from its begin to its end stamp, named by its kernel, with its launch, block

@@ -22,7 +22,7 @@ from kbpc.runtime.stamps import RECORD, TIMES
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from stamp_phases import by_instance, chrome_trace, match_launches, summarize, table  # noqa: E402
+from stamp_phases import by_instance, chain_table, chains, chrome_trace, match_launches, summarize, table  # noqa: E402
 from timeline_launches import LaunchRow  # noqa: E402
 
 
@@ -162,3 +162,22 @@ def test_chrome_trace_puts_each_cta_on_its_sm():
     assert sorted((e["tid"], e["args"]["block"], e["ts"], e["dur"]) for e in first_sel) == \
         [(3, 0, 0.5, 2.1), (4, 1, 0.6, 4.4)]
     assert first_sel[0]["args"]["phase 3"] in (2.0, 2.2)
+
+
+def test_chains_follow_each_sublayer_in_launch_order():
+    rows = [LaunchRow(i, i, rule, fam, 0, inst, kern, (2, 1, 1), (32, 1, 1), True, False)
+            for i, (inst, kern, rule, fam) in enumerate(
+                [("bnd", "kbp::mhc::hc_boundary<4>", "hc_boundary", "glm_mhc"),
+                 ("sel", "kbp::dsa_index_select<1>", "dsa_select", "dsa_indexer"),
+                 ("bnd", "kbp::mhc::hc_boundary<4>", "hc_boundary", "glm_mhc"),
+                 ("sel", "kbp::dsa_index_select<1>", "dsa_select", "dsa_indexer")])]
+    summary = summarize([_replay(), _replay(shift=100_000)], rows)
+    chained = chains(summary, rows)
+    assert list(chained) == ["dsa attention"]          # the last select opens no closed sublayer
+    entry = chained["dsa attention"]
+    assert entry["sublayers"] == 1 and list(entry["launches"]) == ["dsa_select #1", "hc_boundary #1"]
+    assert entry["launches"]["dsa_select #1"]["7"] == {"first": 1.6, "median": 2.8, "last": 4.0}
+    assert entry["launches"]["hc_boundary #1"]["7"]["last"] == pytest.approx(7.7)
+    text = chain_table(chained)
+    assert text.splitlines()[0].startswith("dsa attention (1 sublayers)")
+    assert "dsa_select #1" in text and "end 1.60/2.80/4.00" in text
