@@ -43,9 +43,13 @@ __device__ __forceinline__ void embed_copy_body(const int* tokens, const uint16_
 template <int D, int VEC>
 __global__ void embed_copy(const int* tokens, const uint16_t* table, int vocab,
                            uint16_t* out, int* error_flag) {
+    KBP_STAMP_BEGIN();   // phase stamps of a profiling build (kbp_stamps.cuh): begin, the wait, end
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     embed_copy_body<D, VEC>(tokens, table, vocab, out, error_flag);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

@@ -79,10 +79,14 @@ template <int INTER, int VEC, SwiGluOut OUT, bool ZERO_FILL>
 __global__ void swiglu_clamp(const __nv_bfloat16* gate, const __nv_bfloat16* up,
                              long in_stride, void* out, long out_stride, float limit,
                              float* zero_buf, size_t zero_words) {
+    KBP_STAMP_BEGIN();   // phase stamps of a profiling build (kbp_stamps.cuh): begin, the wait, end
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     swiglu_clamp_body<INTER, VEC, OUT, ZERO_FILL>(gate, up, in_stride, out, out_stride, limit, zero_buf,
                                                   zero_words);
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp

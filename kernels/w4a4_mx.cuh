@@ -202,9 +202,13 @@ __global__ void __launch_bounds__(256) w4a4_quant_rows(const __nv_bfloat16* x,
                                                        uint8_t* a_codes,
                                                        uint8_t* a_scales,
                                                        float* a_g) {
+    KBP_STAMP_BEGIN();   // phase stamps of a profiling build (kbp_stamps.cuh): begin, the wait, end
     ::kbp::pdl_launch_dependents();  // early: the next kernel may take free SMs now (it waits in pdl_wait)
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: nothing below runs before the previous kernel completes
+    KBP_STAMP(kStampWaitOut);
     w4a4_quant_rows_dev<K>(x, a_codes, a_scales, a_g);
+    KBP_STAMP_END();
 }
 
 // ------------------------------------------------------------------ the product
@@ -344,7 +348,9 @@ __device__ __forceinline__ void w4a4_gemv_dev(const uint8_t* a_codes,
     const size_t n0 = (size_t)blockIdx.x * 16;
     W4A4Rows<K> w;
     w4a4_load_rows<K>(w, w_codes + n0 * (K / 2), w_scales + n0 * (K / 16), warp, lane);
+    KBP_STAMP(kStampWaitIn);
     ::kbp::pdl_wait();   // PDL: the weights are in flight; the activation row comes from the previous kernel
+    KBP_STAMP(kStampWaitOut);
     w4a4_stage_act<K>(a_codes, a_scales, sm);
     __syncthreads();
     const float acc = w4a4_rows_dot<K, FAST>(w, sm, warp, lane);
@@ -358,7 +364,9 @@ __global__ void __launch_bounds__(256, MIN_CTAS) w4a4_gemv(const uint8_t* a_code
                                                  const uint8_t* w_codes,
                                                  const uint8_t* w_scales, float w_gscale,
                                                  __nv_bfloat16* y, int N) {
+    KBP_STAMP_BEGIN();   // phase stamps of a profiling build (kbp_stamps.cuh): begin, the wait, end
     w4a4_gemv_dev<K, FAST>(a_codes, a_scales, a_g, w_codes, w_scales, w_gscale, y, N);   // waits inside (PDL)
+    KBP_STAMP_END();
 }
 
 }  // namespace kbp
