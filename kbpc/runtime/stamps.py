@@ -49,6 +49,9 @@ class StampLogs:
         for log, count in zip(self._logs, self._counts):
             self.cuda.memset_d32(count, 0, 1)
             self.cuda.memset_d8(log, 0, CAPACITY * RECORD.itemsize)
+        # Memsets are asynchronous, on the legacy stream, which the step's non-blocking streams do
+        # not wait for: done before the next step is enqueued, or they could erase its stamps.
+        self.cuda.Context.synchronize()
 
     def read(self) -> list[StampLog]:
         """Every instance's log since the last clear (call after the work has synchronized)."""

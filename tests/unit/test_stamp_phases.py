@@ -181,3 +181,53 @@ def test_chains_follow_each_sublayer_in_launch_order():
     text = chain_table(chained)
     assert text.splitlines()[0].startswith("dsa attention (1 sublayers)")
     assert "dsa_select #1" in text and "end 1.60/2.80/4.00" in text
+
+
+class _FakeCuda:
+    """Device memory as a dict of byte arrays, and the order of the driver calls StampLogs makes."""
+
+    def __init__(self, sizes: dict[int, int]):
+        self.mem = {addr: np.zeros(n, np.uint8) for addr, n in sizes.items()}
+        self.calls: list[str] = []
+        cuda = self
+
+        class Context:
+            @staticmethod
+            def synchronize():
+                cuda.calls.append("sync")
+        self.Context = Context
+
+    def memset_d32(self, addr, value, count):
+        self.calls.append("memset")
+        self.mem[addr][:4 * count].view(np.uint32)[:] = value
+
+    def memset_d8(self, addr, value, count):
+        self.calls.append("memset")
+        self.mem[addr][:count] = value
+
+    def memcpy_dtoh(self, dst, addr):
+        dst.view(np.uint8)[:] = self.mem[addr][:dst.nbytes]
+
+
+def test_stamp_logs_clear_then_read():
+    from kbpc.runtime.stamps import CAPACITY, StampLogs
+
+    class Lib:
+        @staticmethod
+        def kbp_stamp_logs(logs, counts, n):
+            for i in range(n):
+                logs[i], counts[i] = 1000 * (i + 1), 1000 * (i + 1) + 8
+            return 0
+    cuda = _FakeCuda({1000: CAPACITY * 80, 1008: 4, 2000: CAPACITY * 80, 2008: 4})
+    logs = StampLogs(Lib, cuda, ("a", "b"))
+    records = _records([(7, 0, [5, 0, 0, 0, 0, 0, 0, 9]), (7, 1, [6, 0, 0, 0, 0, 0, 0, 0])])
+    cuda.mem[1000][:records.nbytes] = records.view(np.uint8)
+    cuda.mem[1008].view(np.uint32)[0] = 2
+    got = {log.instance: log for log in logs.read()}
+    assert got["a"].began == 2 and got["a"].records["block"].tolist() == [0]   # the CTA that never ended is dropped
+    assert got["b"].began == 0 and got["b"].records.size == 0
+    logs.clear()
+    assert cuda.calls == ["memset"] * 4 + ["sync"]   # synchronized before the next step is enqueued
+    assert not cuda.mem[1000].any() and cuda.mem[1008].view(np.uint32)[0] == 0
+    with pytest.raises(BundleError, match="--stamps"):
+        StampLogs(Lib, cuda, None)
