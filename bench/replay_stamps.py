@@ -8,8 +8,10 @@ sublayer's opening hc boundary.
 Each replay is a decode step as `kbpc bench` times it (`next_token`), with every stamp log emptied
 before it and read after it (the clears and reads are outside the replay). Writes OUT (schema
 kbpc-replay-stamps/v1: per launch, per stamp, the median over replays of its first / median / last
-CTA in us after the anchor; bench/stamp_phases.py says how records become launches) and prints the
-per-kernel table (medians over each kernel's launches too). The stamps cost each instrumented CTA
+CTA in us after the anchor, and per sublayer kind the launches in launch order; bench/stamp_phases.py
+says how records become launches) and prints the per-kernel table (medians over each kernel's
+launches too), or with --chain the per-sublayer view; --trace writes the last replay's CTAs on a
+track per SM (Chrome/Perfetto). The stamps cost each instrumented CTA
 an atomic and a few stores, so compare a stamp build's kernel-level timings with its own, and its
 step time with `kbpc bench` of the product build (printed here as host-timed replays)."""
 from __future__ import annotations
