@@ -33,7 +33,7 @@ def pair(request, tmp_path_factory, tiny_path):
                                       options=Options(max_context=128, numerics=request.param),
                                       signer=Signer.load(keys.private), cache_dir=root / "cache", stamps=stamps))
         paths[stamps] = path
-    return paths, Keyring.load(keys.public)
+    return paths, Keyring.load(keys.public), keys.public
 
 
 def _backend(path, trust):
@@ -43,7 +43,7 @@ def _backend(path, trust):
 
 
 def test_stamped_logits_are_the_product_builds(pair):
-    paths, trust = pair
+    paths, trust, _ = pair
     logits = {}
     for stamps, path in paths.items():
         backend = _backend(path, trust)
@@ -61,7 +61,7 @@ def test_every_instrumented_launch_logs_its_ctas(pair):
 
     from kbpc.errors import BundleError
 
-    paths, trust = pair
+    paths, trust, _ = pair
     plain = _backend(paths[False], trust)
     try:
         with pytest.raises(BundleError, match="--stamps"):
@@ -97,3 +97,23 @@ def test_every_instrumented_launch_logs_its_ctas(pair):
     for name in stamped:
         assert read[name].began == read[name].records.size
         assert len(per_instance[name]) == sum(1 for row in launches if row.instance == name)
+
+
+def test_replay_stamps_script(pair, tmp_path, capsys):
+    """bench/replay_stamps.py end to end on the stamp build: the per-launch summary, the sublayer
+    chains and the per-SM trace, with every instrumented launch matched (no notes)."""
+    import json
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import replay_stamps
+
+    paths, _, keyring = pair
+    out, trace = tmp_path / "stamps.json", tmp_path / "trace.json"
+    rc = replay_stamps.main([str(paths[True]), "--trust", str(keyring), "--context", "100", "--replays", "2",
+                             "--warmup", "1", "--chain", "-o", str(out), "--trace", str(trace)])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads(out.read_text())
+    assert summary["schema"] == "kbpc-replay-stamps/v1" and summary["notes"] == [] and summary["replays"] == 2
+    assert any("dsa_index_select" in l["kernel"] for l in summary["launches"])
+    assert {"kda attention", "dsa attention", "moe"} <= set(summary["chains"])
+    assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"])
