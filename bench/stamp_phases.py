@@ -123,6 +123,17 @@ def launch_summary(s: LaunchStamps, anchor_ns: int) -> dict:
     return {"launch": s.launch, "instance": s.instance, "ctas": s.ctas, "phases": phases}
 
 
+def _median_phases(phase_dicts: list[dict], fields=("first", "median", "last", "ctas")) -> dict:
+    """{stamp: {field: median over the dicts that have that stamp}}, stamps in order, from a list of
+    {stamp: {field: value}} (a launch over replays, a kernel over its launches, a chain link over
+    sublayers)."""
+    out = {}
+    for key in sorted({k for d in phase_dicts for k in d}, key=int):
+        vals = [d[key] for d in phase_dicts if key in d]
+        out[key] = {f: statistics.median(v[f] for v in vals) for f in fields}
+    return out
+
+
 def summarize(replays: list[dict[str, np.ndarray]], launches: list,
               anchors: tuple[str, ...] = DEFAULT_ANCHORS) -> dict:
     """Every replay's launches, and per launch the median over replays of each stamp's first /
@@ -140,11 +151,7 @@ def summarize(replays: list[dict[str, np.ndarray]], launches: list,
     for index in sorted(per_launch):
         seen = per_launch[index]
         row = rows[index]
-        phases = {}
-        for key in sorted({k for r in seen for k in r["phases"]}, key=int):
-            vals = [r["phases"][key] for r in seen if key in r["phases"]]
-            phases[key] = {f: statistics.median(v[f] for v in vals) for f in ("first", "median", "last")}
-            phases[key]["ctas"] = statistics.median(v["ctas"] for v in vals)
+        phases = _median_phases([r["phases"] for r in seen])
         out.append({"launch": index, "instance": row.instance, "kernel": row.kernel, "group": row.group,
                     "rule": row.rule, "family": row.family, "stream": row.stream, "grid": list(row.grid),
                     "replays": len(seen), "phases": phases})
@@ -160,10 +167,7 @@ def by_instance(summary: dict) -> list[dict]:
         groups[(launch["instance"], tuple(launch["grid"]))].append(launch)
     out = []
     for (instance, grid), launches in sorted(groups.items()):
-        phases = {}
-        for key in sorted({k for l in launches for k in l["phases"]}, key=int):
-            vals = [l["phases"][key] for l in launches if key in l["phases"]]
-            phases[key] = {f: statistics.median(v[f] for v in vals) for f in ("first", "median", "last", "ctas")}
+        phases = _median_phases([l["phases"] for l in launches])
         out.append({"instance": instance, "kernel": launches[0]["kernel"], "grid": list(grid),
                     "launches": len(launches), "phases": phases})
     return out
@@ -198,12 +202,9 @@ def chains(summary: dict, launches: list) -> dict[str, dict]:
         entry = out.setdefault(kind, {"sublayers": 0, "launches": {}})
         entry["sublayers"] += 1
         for key, phases in rows:
-            per = entry["launches"].setdefault(key, {})
-            for stamp, p in phases.items():
-                per.setdefault(stamp, []).append(p)
+            entry["launches"].setdefault(key, []).append(phases)
     for entry in out.values():
-        entry["launches"] = {key: {stamp: {f: statistics.median(v[f] for v in vals) for f in ("first", "median", "last")}
-                                   for stamp, vals in sorted(per.items(), key=lambda kv: int(kv[0]))}
+        entry["launches"] = {key: _median_phases(per, ("first", "median", "last"))
                              for key, per in entry["launches"].items()}
     return out
 

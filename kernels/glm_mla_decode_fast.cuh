@@ -55,7 +55,7 @@
 #include "dsa_indexer_common.cuh"   // transpose_reduce
 #include "glm_mla_decode.cuh"       // mla_codes2, MlaFactors
 #include "kbp_common.cuh"
-#include "w8a8_act_quant.cuh"       // fp8_scale
+#include "w8a8_act_quant.cuh"       // fp8_scale, fp8_code
 
 namespace kbp {
 
@@ -267,7 +267,7 @@ __device__ __forceinline__ void mla_fast_quant(float amax, const uint16_t* ys, i
     uint8_t* dst = qo.codes + ((size_t)r * gridDim.y + hg) * HPC * E;
     for (int i = lo + t; i < hi; i += MLA_FAST_THREADS) {
         const float y = bf16_to_f32(__ushort_as_bfloat16(ys[i - lo]));
-        dst[i] = f32_to_e4m3(fminf(fmaxf(__fdiv_rn(y, s), -448.0f), 448.0f));
+        dst[i] = (uint8_t)fp8_code(y, s);
     }
     if (cta == 0 && t == 0) qo.scales[r] = s;
 }

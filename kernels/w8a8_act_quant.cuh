@@ -171,16 +171,21 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
         const int u = u0 + STRIDE * j;
         if (u < RUNS) raw[j] = ld_step(reinterpret_cast<const uint2*>(x) + u);
     }
+    auto each_run = [&](auto fn) {   // fn(run index, its four values) for this thread's runs
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int u = u0 + STRIDE * j;
-        if (u < RUNS) {
-            float v[4];
-            bf16x4_unpack(raw[j], v);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[i]));
+        for (int j = 0; j < PER; ++j) {
+            const int u = u0 + STRIDE * j;
+            if (u < RUNS) {
+                float v[4];
+                bf16x4_unpack(raw[j], v);
+                fn(u, v);
+            }
         }
-    }
+    };
+    each_run([&](int, const float (&v)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[i]));
+    });
     KBP_STAMP(3);   // thread 0's runs loaded, its max formed
     m = warp_max_xor(m);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
@@ -200,18 +205,12 @@ __device__ __forceinline__ void quant_row_cluster(const __nv_bfloat16* x, uint8_
 #pragma unroll
     for (int i = 1; i < CL; ++i) m = fmaxf(m, slot[i]);
     const float s = fp8_scale(m);
+    each_run([&](int u, const float (&v)[4]) {
+        uint32_t out = 0u;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int u = u0 + STRIDE * j;
-        if (u < RUNS) {
-            float v[4];
-            bf16x4_unpack(raw[j], v);
-            uint32_t out = 0u;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) out |= fp8_code(v[i], s) << (8 * i);
-            reinterpret_cast<uint32_t*>(q)[u] = out;
-        }
-    }
+        for (int i = 0; i < 4; ++i) out |= fp8_code(v[i], s) << (8 * i);
+        reinterpret_cast<uint32_t*>(q)[u] = out;
+    });
     if (c == 0 && threadIdx.x == 0) *s_out = s;
 }
 
